@@ -1,0 +1,177 @@
+"""Config layering: dataclass defaults < YAML file < `--flag`s < `section.key=value` overrides.
+
+Values are checked against the dataclass annotations, so a typo or a wrong type is an error that
+names the key (and the nearest valid key), never a silent default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from ..errors import ConfigError, UserError
+from .schema import Config
+
+
+def section_types() -> dict[str, type]:
+    return {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+def known_keys() -> list[str]:
+    keys = []
+    for section, cls in section_types().items():
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    return keys
+
+
+def _unknown(key: str, candidates: list[str]) -> ConfigError:
+    near = difflib.get_close_matches(key, candidates, n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ConfigError(key, f"unknown key{hint}")
+
+
+def coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check `value` against a field annotation; CLI strings are parsed as YAML scalars first."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(value, str) and annotation is not str and not _admits_str(annotation):
+        value = yaml.safe_load(value) if value.strip() else None
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            choices = " | ".join(map(str, args))
+            raise ConfigError(key, f"expected one of {choices}, got {value!r}")
+        return value
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            value = [value]
+        return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, str):
+            value = _float_or_none(value)  # YAML 1.1 reads '1e-5' as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported annotation {annotation!r} for {key}")
+
+
+def _float_or_none(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _admits_str(annotation: Any) -> bool:
+    args = get_args(annotation)
+    return annotation is str or str in args or (get_origin(annotation) is Literal)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """'algo.lr=1e-5' -> ('algo.lr', '1e-5')."""
+    key, sep, value = text.partition("=")
+    if not sep or "." not in key:
+        raise UserError(f"override '{text}': expected section.key=value (for example algo.lr=1e-5)")
+    return key.strip(), value
+
+
+def merge_nested(base: dict[str, dict[str, Any]], layer: dict[str, Any], source: str) -> None:
+    """Merge a {section: {key: value}} layer into base, rejecting unknown sections and keys."""
+    sections = section_types()
+    for section, values in layer.items():
+        if section not in sections:
+            where = "command line" if source == "cli" else source
+            raise UserError(f"{where}: unknown config section '{section}' (expected one of {', '.join(sections)})")
+        if not isinstance(values, dict):
+            raise ConfigError(section, f"{source}: expected a mapping of keys, got {values!r}")
+        fields = {f.name for f in dataclasses.fields(sections[section])}
+        for key, value in values.items():
+            if key not in fields:
+                raise _unknown(f"{section}.{key}", known_keys())
+            base.setdefault(section, {})[key] = value
+
+
+def build(layers: dict[str, dict[str, Any]]) -> Config:
+    """Construct a validated Config from merged {section: {key: value}} dicts."""
+    sections = {}
+    for name, cls in section_types().items():
+        hints = typing.get_type_hints(cls)
+        values = {k: coerce(v, hints[k], f"{name}.{k}") for k, v in layers.get(name, {}).items()}
+        sections[name] = cls(**values)
+    config = Config(**sections)
+    from .validate import validate_cross_section
+
+    validate_cross_section(config)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                flags: dict[str, Any] | None = None) -> Config:
+    """Defaults < YAML at `path` < `flags` ({'rollout.mode': 'async'}) < `overrides` ('k=v' strings)."""
+    layers: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        merge_nested(layers, read_yaml(path), str(path))
+    dotted: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
+    dotted.update(parse_override(o) for o in overrides or [])
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in dotted.items():
+        section, _, name = key.partition(".")
+        nested.setdefault(section, {})[name] = value
+    merge_nested(layers, nested, "cli")
+    return build(layers)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    from ..io import atomic_write_text
+
+    atomic_write_text(path, dump_yaml(config))

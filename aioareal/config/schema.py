@@ -1,0 +1,213 @@
+"""Typed configuration: one dataclass per concern, invariants checked where they are defined.
+
+Defaults describe the offline default run (tiny Qwen2 model, synthetic arithmetic, CPU); the YAML
+files in `configs/` override them for real models. Every field carries its help text, which the
+CLI prints with `python -m aioareal config --help-keys`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import ConfigError
+
+
+def doc(text: str, default: object) -> object:
+    """A dataclass field with help text (read by `config --help-keys`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+@dataclass
+class ModelConfig:
+    name: str = doc("'tiny' (offline Qwen2-architecture model, warm-started) or a hub name / local path", "tiny")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "parameter dtype of the generator; auto = bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU", "auto")
+    train_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
+        "autocast dtype of the trainer (master weights stay fp32); auto follows the device", "auto")
+    gradient_checkpointing: bool = doc("recompute activations in the backward pass to save memory", False)
+    trust_remote_code: bool = doc("allow custom model code from the hub", False)
+
+
+@dataclass
+class DataConfig:
+    task: str = doc("arithmetic | gsm8k | file (rows from data.path) | hub (rows from data.hub_name)", "arithmetic")
+    path: str | None = doc("local dataset file (JSONL/JSON/CSV/Parquet); for gsm8k overrides the hub", None)
+    hub_name: str | None = doc("datasets hub name (gsm8k default: openai/gsm8k)", None)
+    hub_config: str | None = doc("datasets config name (gsm8k: main)", None)
+    split: str = doc("training split", "train")
+    eval_split: str | None = doc("held-out split; none = carve data.eval_size rows off the training rows", None)
+    eval_path: str | None = doc("local file for the held-out split", None)
+    eval_size: int = doc("held-out prompts used for evaluation", 200)
+    prompt_field: str = doc("row field with the question", "question")
+    answer_field: str = doc("row field with the reference answer", "answer")
+    prompt_template: str | None = doc("raw template with {field} placeholders (instead of the chat template)", None)
+    chat_template: bool | None = doc("wrap prompts with the tokenizer's chat template (default: task's choice)", None)
+    system_prompt: str | None = doc("system message for chat prompts", None)
+    max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
+    skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
+    shuffle_seed: int = doc("seed of the training-prompt shuffle", 1234)
+    arith_digits: int = doc("arithmetic task: max digits per operand", 2)
+    arith_ops: str = doc("arithmetic task: operators to draw from", "+")
+
+    def __post_init__(self) -> None:
+        check(self.eval_size >= 0, "data.eval_size", f"must be >= 0, got {self.eval_size}")
+        check(self.max_prompt_tokens > 0, "data.max_prompt_tokens", f"must be > 0, got {self.max_prompt_tokens}")
+        check(1 <= self.arith_digits <= 6, "data.arith_digits", f"must be in 1..6, got {self.arith_digits}")
+        bad = set(self.arith_ops) - set("+-*")
+        check(bool(self.arith_ops) and not bad, "data.arith_ops", f"must use only '+-*', got '{self.arith_ops}'")
+
+
+@dataclass
+class RewardConfig:
+    functions: list[str] = doc("reward functions by import path 'pkg.mod:fn' (empty = the task's verifier)", [])
+    weights: list[float] = doc("weight per reward function (default 1 each)", [])
+    workers: int = doc("reward executor threads", 4)
+    timeout_s: float = doc("per-batch verifier timeout; a timeout scores 0 and is counted", 10.0)
+
+    def __post_init__(self) -> None:
+        check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")
+        check(self.timeout_s > 0, "reward.timeout_s", f"must be > 0, got {self.timeout_s}")
+        check(not self.weights or len(self.weights) == len(self.functions), "reward.weights",
+              f"has {len(self.weights)} entries for {len(self.functions)} reward.functions")
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = doc("completion length limit", 8)
+    temperature: float = doc("sampling temperature (the trainer scales logits the same way)", 1.0)
+    top_p: float = doc("nucleus sampling mass", 1.0)
+    num_slots: int = doc("sequences decoded at once; 0 = enough for the admission bound", 0)
+    recompute_kv: bool = doc("on a weight update mid-rollout, recompute running sequences' KV cache", True)
+    cuda_graphs: bool = doc("capture decode steps in CUDA graphs (CUDA only)", True)
+
+    def __post_init__(self) -> None:
+        check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
+        check(self.temperature > 0, "generation.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
+        check(0 < self.top_p <= 1, "generation.top_p", f"must be in (0, 1], got {self.top_p}")
+        check(self.num_slots >= 0, "generation.num_slots", f"must be >= 0, got {self.num_slots}")
+
+
+@dataclass
+class AlgoConfig:
+    objective: Literal["ppo", "decoupled", "dg"] = doc("ppo | decoupled (AReaL) | dg (Delightful PG)", "ppo")
+    group_size: int = doc("samples per prompt (G)", 8)
+    batch_groups: int = doc("prompt groups per training step (B)", 16)
+    minibatches: int = doc("optimizer steps per training step (PPO mini-batches)", 1)
+    ppo_epochs: int = doc("passes over each batch", 1)
+    clip_eps_low: float = doc("PPO clip: ratio >= 1 - eps_low", 0.2)
+    clip_eps_high: float = doc("PPO clip: ratio <= 1 + eps_high (DAPO 'clip higher' uses 0.28)", 0.2)
+    adv_std_norm: bool = doc("divide group advantages by their std (false = Dr. GRPO)", True)
+    loss_agg: Literal["token-mean", "seq-mean", "constant"] = doc(
+        "token-mean | seq-mean | constant (Dr. GRPO: sum / (batch * max_new_tokens))", "token-mean")
+    kl_coef: float = doc("k3 KL penalty to the frozen reference; 0 frees the reference model", 0.0)
+    behav_cap: float = doc("decoupled: cap on pi_prox / pi_behav", 5.0)
+    behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: mask tokens over the cap, or clamp the weight", "mask")
+    prox: Literal["recompute", "loglinear"] = doc(
+        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions", "recompute")
+    dg_eta: float = doc("Delightful PG gate temperature", 1.0)
+    lr: float = doc("AdamW learning rate", 2e-4)
+    weight_decay: float = doc("AdamW weight decay", 0.0)
+    adam_beta2: float = doc("AdamW beta2", 0.99)
+    grad_clip: float = doc("gradient-norm clip (0 disables)", 1.0)
+    warmup_steps: int = doc("linear learning-rate warmup, in optimizer steps", 0)
+
+    def __post_init__(self) -> None:
+        check(self.group_size >= 2, "algo.group_size", f"must be >= 2 for group advantages, got {self.group_size}")
+        check(self.batch_groups > 0, "algo.batch_groups", f"must be > 0, got {self.batch_groups}")
+        check(self.minibatches > 0, "algo.minibatches", f"must be > 0, got {self.minibatches}")
+        check(self.batch_groups % self.minibatches == 0, "algo.minibatches",
+              f"must divide algo.batch_groups={self.batch_groups}, got {self.minibatches}")
+        check(self.ppo_epochs > 0, "algo.ppo_epochs", f"must be > 0, got {self.ppo_epochs}")
+        check(0 <= self.clip_eps_low < 1, "algo.clip_eps_low", f"must be in [0, 1), got {self.clip_eps_low}")
+        check(self.clip_eps_high >= 0, "algo.clip_eps_high", f"must be >= 0, got {self.clip_eps_high}")
+        check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
+        check(self.behav_cap > 1, "algo.behav_cap", f"must be > 1, got {self.behav_cap}")
+        check(self.dg_eta > 0, "algo.dg_eta", f"must be > 0, got {self.dg_eta}")
+        check(self.lr > 0, "algo.lr", f"must be > 0, got {self.lr}")
+        check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
+
+
+@dataclass
+class RolloutConfig:
+    mode: Literal["sync", "one-step", "async"] = doc("sync | one-step | async", "sync")
+    max_staleness: int | None = doc("K: max policy versions a trained sample may lag (default: sync 0, "
+                                    "one-step 1, async 2)", None)
+    gen_device: str = doc("generator device: auto | cpu | cuda | cuda:N", "auto")
+    train_device: str = doc("trainer device: auto | cpu | cuda | cuda:N", "auto")
+
+    def __post_init__(self) -> None:
+        if self.max_staleness is None:
+            self.max_staleness = {"sync": 0, "one-step": 1, "async": 2}[self.mode]
+        k = self.max_staleness
+        check(k >= 0, "rollout.max_staleness", f"must be >= 0, got {k}")
+        check(self.mode != "sync" or k == 0, "rollout.max_staleness",
+              f"sync mode trains only fresh samples (K=0), got {k}; use --mode async for K > 0")
+        check(self.mode != "one-step" or k == 1, "rollout.max_staleness",
+              f"one-step mode overlaps exactly one batch (K=1), got {k}; use --mode async for other K")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc("training steps (policy versions to produce)", 60)
+    micro_batch_tokens: int = doc("token budget of one packed micro-batch (padding included)", 8192)
+    logprob_chunk: int = doc("tokens per chunk when computing log-probs over the vocabulary", 2048)
+
+    def __post_init__(self) -> None:
+        check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        check(self.micro_batch_tokens > 0, "train.micro_batch_tokens", f"must be > 0, got {self.micro_batch_tokens}")
+        check(self.logprob_chunk > 0, "train.logprob_chunk", f"must be > 0, got {self.logprob_chunk}")
+
+
+@dataclass
+class EvalConfig:
+    every: int = doc("evaluate held-out greedy pass rate every N steps (0 = only at start and end)", 10)
+    max_new_tokens: int | None = doc("completion limit for evaluation (default: generation.max_new_tokens)", None)
+
+    def __post_init__(self) -> None:
+        check(self.every >= 0, "eval.every", f"must be >= 0, got {self.every}")
+
+
+@dataclass
+class WarmupConfig:
+    target_pass_rate: float = doc("tiny model: supervised warm-start stops at this held-out pass rate", 0.3)
+    max_steps: int = doc("tiny model: warm-start step limit", 3000)
+    batch_size: int = doc("tiny model: warm-start batch size", 64)
+    lr: float = doc("tiny model: warm-start learning rate", 3e-3)
+
+    def __post_init__(self) -> None:
+        check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
+              f"must be in (0, 1), got {self.target_pass_rate}")
+
+
+@dataclass
+class RunConfig:
+    run_dir: str | None = doc("output directory (default runs/<mode>-<objective>-<time>)", None)
+    seed: int = doc("seed for sampling, initialisation and data order", 0)
+    dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
+    checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
+    keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
+
+    def __post_init__(self) -> None:
+        check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+        check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    run: RunConfig = field(default_factory=RunConfig)

@@ -1,0 +1,207 @@
+"""Continuous-batching generation engine over a fixed pool of KV-cache slots.
+
+Each `step()` admits waiting groups into free slots (one prefill per prompt, its K/V written
+into all G slots of the group), runs one decode step over every live slot, and makes a single
+host sync to learn the sampled tokens, so finished sequences free their slot at once and the
+next prompt takes it. Per-slot decode state (next token, position, liveness) stays on the device.
+
+Weights belong to the model the engine wraps. When the trainer publishes a new version the
+engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
+default every running sequence's KV cache is recomputed under the new weights (AReaL's
+interruptible generation; DESIGN rule 3).
+"""
+from __future__ import annotations
+
+import contextlib
+import heapq
+from collections import deque
+
+import torch
+from transformers import PreTrainedModel
+
+from .forward import FastForward
+from .graphs import DecodeGraphs, can_use_own_generator
+from .sampling import SamplingParams, sample
+from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
+
+SPAN_BUCKET = 64  # attention span is rounded up to this many positions (bounds graph count)
+
+
+class Engine:
+    def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
+                 params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
+                 recompute_kv: bool = True) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.params = params
+        self.max_len = max_len
+        self.recompute_kv = recompute_kv
+        self.fwd = FastForward(model, max_len)
+        self.cache = self.fwd.new_cache(num_slots)
+        self.eos = torch.tensor(sorted(eos_ids), device=self.device)
+        self.eos_set = set(eos_ids)
+        graphs = cuda_graphs and self.device.type == "cuda"
+        if graphs and not can_use_own_generator():
+            torch.cuda.manual_seed(seed)  # graphs then draw from the device's default generator
+            self.generator = None
+        else:
+            self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.num_slots = num_slots
+        self.free: list[int] = list(range(num_slots))
+        self.waiting: deque[GroupRequest] = deque()
+        self.running: dict[int, Running] = {}
+        self.next_token = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.position = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.live = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.version = 0
+        self.stale_cache = False
+        self.tokens_generated = 0  # total sampled tokens, for throughput
+        self.graphs = (DecodeGraphs(self._decode_into, self.generator, num_slots,
+                                    [self.next_token, self.position]) if graphs else None)
+
+    # -- queue -----------------------------------------------------------------------------------
+    def submit(self, request: GroupRequest) -> None:
+        if request.n > self.num_slots:
+            raise ValueError(f"a group of {request.n} samples cannot fit in {self.num_slots} slots")
+        if len(request.prompt_ids) + self.params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens + {self.params.max_new_tokens} new "
+                             f"tokens exceeds the engine context of {self.max_len}")
+        self.waiting.append(request)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def running_groups(self) -> int:
+        return len({id(r.group) for r in self.running.values()})
+
+    # -- weights ---------------------------------------------------------------------------------
+    def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
+        """Use weights of `version` from the next step on. `ready` is the copy's event: the engine's
+        stream waits on it, the host does not."""
+        if ready is not None and self.stream is not None:
+            self.stream.wait_event(ready)
+        self.version = version
+        if self.running:
+            self.stale_cache = self.recompute_kv
+
+    # -- stepping --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[GroupResult]:
+        """Admit, decode one token everywhere, sync once; return the groups that finished."""
+        if not self.busy:
+            return []
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            if self.stale_cache:
+                self._recompute_cache()
+            admitted, first = self._admit()
+            decoded = self._decode() if self.running else None
+            # The one host sync of the step: sampled tokens and their logprobs.
+            parts = [t for t in (first, decoded) if t is not None]
+            host = torch.cat(parts, dim=1).cpu() if parts else None
+        return self._bookkeep(admitted, host, first is not None)
+
+    def _admit(self) -> tuple[list[Running], torch.Tensor | None]:
+        admitted: list[Running] = []
+        groups: list[GroupState] = []
+        while self.waiting and len(self.free) >= self.waiting[0].n:
+            request = self.waiting.popleft()
+            group = GroupState(request, [Completion() for _ in range(request.n)], request.n)
+            groups.append(group)
+            for i in range(request.n):
+                slot = heapq.heappop(self.free)
+                admitted.append(Running(group, i, slot, group.completions[i]))
+        if not groups:
+            return [], None
+        prompts = [g.request.prompt_ids for g in groups]
+        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
+        tokens = _pad(prompts, self.device)
+        copies = groups[0].request.n
+        if any(g.request.n != copies for g in groups):  # mixed group sizes: one prefill each
+            hidden = torch.cat([self.fwd.prefill(self.cache, tokens[j:j + 1], lengths[j:j + 1],
+                                                 self._slots_of(admitted, g), g.request.n).repeat(g.request.n, 1)
+                                for j, g in enumerate(groups)])
+        else:
+            slots = torch.tensor([r.slot for r in admitted], device=self.device)
+            hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
+        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        slots = torch.tensor([r.slot for r in admitted], device=self.device)
+        pos = torch.tensor([len(r.group.request.prompt_ids) for r in admitted], device=self.device)
+        self.next_token[slots], self.position[slots], self.live[slots] = tok, pos, True
+        for r in admitted:
+            self.running[r.slot] = r
+        return admitted, torch.stack([tok.to(torch.float32), lp])
+
+    def _slots_of(self, admitted: list[Running], group: GroupState) -> torch.Tensor:
+        return torch.tensor([r.slot for r in admitted if r.group is group], device=self.device)
+
+    def _decode(self) -> torch.Tensor:
+        n = max(self.running) + 1
+        span = min(self.max_len, -(-(max(r.next_pos for r in self.running.values()) + 1) // SPAN_BUCKET)
+                   * SPAN_BUCKET)
+        if self.graphs is not None:
+            return self.graphs.run(n, span)
+        return self._decode_into(n, span)
+
+    def _decode_into(self, n: int, span: int) -> torch.Tensor:
+        """Decode the first n slots; update next token and position in place; return (2, n)."""
+        hidden = self.fwd.decode(self.cache, self.next_token[:n], self.position[:n], span)
+        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        live = self.live[:n]
+        self.next_token[:n] = tok
+        self.position[:n] = torch.where(live, (self.position[:n] + 1).clamp(max=self.max_len - 1), 0)
+        return torch.stack([tok.to(torch.float32), lp])
+
+    def _recompute_cache(self) -> None:
+        """Re-prefill every running sequence (prompt + tokens so far) under the current weights."""
+        seqs = list(self.running.values())
+        prefixes = [r.group.request.prompt_ids + r.completion.tokens[:-1] for r in seqs]
+        lengths = torch.tensor([len(p) for p in prefixes], device=self.device)
+        slots = torch.tensor([r.slot for r in seqs], device=self.device)
+        self.fwd.prefill(self.cache, _pad(prefixes, self.device), lengths, slots)
+        self.stale_cache = False
+
+    def _bookkeep(self, admitted: list[Running], host: torch.Tensor | None, has_first: bool) -> list[GroupResult]:
+        if host is None:
+            return []
+        tokens, logprobs = host[0].long().tolist(), host[1].tolist()
+        done_slots: list[int] = []
+        finished: list[GroupResult] = []
+        # First tokens of newly admitted sequences come first, then one token per slot [0, n).
+        offset = len(admitted) if has_first else 0
+        for i, r in enumerate(admitted):
+            self._append(r, tokens[i], logprobs[i], done_slots, finished)
+        for slot, r in list(self.running.items()):
+            self._append(r, tokens[offset + slot], logprobs[offset + slot], done_slots, finished)
+        if done_slots:
+            self.live[torch.tensor(done_slots, device=self.device)] = False
+        return finished
+
+    def _append(self, r: Running, token: int, logprob: float, done_slots: list[int],
+                finished: list[GroupResult]) -> None:
+        c = r.completion
+        c.tokens.append(token)
+        c.logprobs.append(logprob)
+        c.versions.append(self.version)
+        self.tokens_generated += 1
+        if token in self.eos_set:
+            c.finish_reason = "stop"
+        elif len(c.tokens) >= self.params.max_new_tokens or r.next_pos + 1 >= self.max_len:
+            c.finish_reason = "length"
+        else:
+            return
+        del self.running[r.slot]
+        heapq.heappush(self.free, r.slot)
+        done_slots.append(r.slot)
+        r.group.unfinished -= 1
+        if r.group.unfinished == 0:
+            finished.append(GroupResult(r.group.request, r.group.completions))
+
+
+def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device, non_blocking=True)

@@ -1,0 +1,159 @@
+"""A static-KV-cache forward pass over a Hugging Face Qwen2/Llama-family model's own modules.
+
+The engine does not copy weights: it calls the HF model's Linear and norm modules, so a weight
+sync that copies into those parameters (`param.copy_`) is seen by the next step, CUDA graphs
+included. The cache is preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill
+writes a whole prompt, decode writes one token per slot and attends over a length bucket.
+
+Supported: architectures with `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
+RMSNorm and default RoPE (Qwen2, Qwen2.5, Llama, Mistral without sliding window; Qwen3's q/k norms).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from ..errors import UserError
+
+_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+class KVCache:
+    """Per-layer key and value tensors, (slots, max_len, kv_heads, head_dim) each."""
+
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (slots, max_len, kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slots, self.max_len = slots, max_len
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class FastForward:
+    """Prefill and decode over a static KV cache, reusing the HF model's parameters in place."""
+
+    def __init__(self, model: PreTrainedModel, max_len: int) -> None:
+        self.model = model
+        base = model.model
+        self.layers = list(base.layers)
+        attn = self.layers[0].self_attn
+        config = model.config
+        self.head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.eps = getattr(config, "rms_norm_eps", 1e-6)
+        self._check_supported(config)
+        rotary = base.rotary_emb
+        positions = torch.arange(max_len, device=rotary.inv_freq.device, dtype=torch.float32)
+        freqs = torch.outer(positions, rotary.inv_freq.float())  # (max_len, head_dim/2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        scale = float(getattr(rotary, "attention_scaling", 1.0))
+        dtype = model.get_input_embeddings().weight.dtype
+        self.cos = (emb.cos() * scale).to(dtype)  # (max_len, head_dim)
+        self.sin = (emb.sin() * scale).to(dtype)
+        self.max_len = max_len
+
+    @staticmethod
+    def _check_supported(config) -> None:
+        if getattr(config, "use_sliding_window", False):
+            raise UserError("model: sliding-window attention is not supported by the engine; "
+                            "set use_sliding_window=false in the model config")
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if kind not in ("default", None):
+            raise UserError(f"model: RoPE type '{kind}' is not supported by the engine (only default RoPE)")
+
+    def new_cache(self, slots: int, dtype: torch.dtype | None = None) -> KVCache:
+        weight = self.model.get_input_embeddings().weight
+        return KVCache(len(self.layers), slots, self.max_len, self.kv_heads, self.head_dim,
+                       dtype or weight.dtype, weight.device)
+
+    # -- building blocks -------------------------------------------------------------------------
+    def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as HF's Qwen2RMSNorm: normalise in fp32, scale in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
+        return module.weight * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x (n, T, heads, head_dim), pos (n, T)."""
+        cos, sin = self.cos[pos][:, :, None, :], self.sin[pos][:, :, None, :]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _qkv(self, layer, h: torch.Tensor, pos: torch.Tensor):
+        attn = layer.self_attn
+        n, t, _ = h.shape
+        q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3
+            q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
+        return self._rope(q, pos), self._rope(k, pos), v
+
+    def _attend(self, q, k, v, mask) -> torch.Tensor:
+        """q (n, T, H, D), k/v (n, S, Hkv, D), mask (n, 1, T, S) bool -> (n, T, H*D)."""
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.kv_heads == self.heads:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif _HAS_GQA:  # reads each KV head once instead of materialising H/Hkv copies
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).flatten(2)
+
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self._norm(self.model.model.norm, hidden))
+
+    # -- passes ----------------------------------------------------------------------------------
+    def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
+                slots: torch.Tensor, copies: int = 1) -> torch.Tensor:
+        """Run right-padded prompts tokens (n, T) from position 0; write their K/V into `copies`
+        consecutive rows of `slots` (n * copies,) each; return hidden states at each prompt's last
+        token (n, hidden). One forward serves a whole group (DESIGN: prefill once, share)."""
+        n, t = tokens.shape
+        pos = torch.arange(t, device=tokens.device).expand(n, t)
+        valid = pos < lengths[:, None]  # (n, T)
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+        mask = (causal[None] & valid[:, None, :])[:, None]  # (n, 1, T, T)
+        write_slots = slots.view(n, copies, 1).expand(n, copies, t)
+        write_pos = pos[:, None, :].expand(n, copies, t)
+        h = self.model.model.embed_tokens(tokens)
+        for i, layer in enumerate(self.layers):
+            x = self._norm(layer.input_layernorm, h)
+            q, k, v = self._qkv(layer, x, pos)
+            cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
+            cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
+            h = h + layer.self_attn.o_proj(self._attend(q, k, v, mask))
+            h = h + self._mlp(layer, self._norm(layer.post_attention_layernorm, h))
+        last = (lengths - 1).clamp(min=0)
+        return h[torch.arange(n, device=h.device), last]
+
+    def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int) -> torch.Tensor:
+        """One token for each of the first n slots: tokens (n,), pos (n,) -> hidden (n, hidden).
+        Keys are read from positions [0, span); span bounds the attention work to the live context."""
+        n = tokens.shape[0]
+        rows = torch.arange(n, device=tokens.device)
+        keys = torch.arange(span, device=tokens.device)
+        mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (n, 1, 1, span)
+        h = self.model.model.embed_tokens(tokens[:, None])
+        for i, layer in enumerate(self.layers):
+            x = self._norm(layer.input_layernorm, h)
+            q, k, v = self._qkv(layer, x, pos[:, None])
+            cache.k[i][rows, pos] = k[:, 0]
+            cache.v[i][rows, pos] = v[:, 0]
+            attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)
+            h = h + layer.self_attn.o_proj(attn)
+            h = h + self._mlp(layer, self._norm(layer.post_attention_layernorm, h))
+        return h[:, 0]

@@ -1,0 +1,60 @@
+"""CUDA graphs for decode steps, captured lazily per (batch bucket, attention span).
+
+A captured step replays the whole decode (all layers, sampling, state update) with one launch,
+which is what makes small-model decoding fast: without it, kernel-launch latency dominates.
+Graphs hold raw pointers, so everything they read lives in persistent buffers (the engine's
+next-token/position/liveness tensors, the KV cache, the model's parameters), and weight sync
+copies into parameters in place (DESIGN rule 5).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+# Capture in thread-local mode: the trainer thread keeps launching its own work meanwhile.
+CAPTURE_MODE = "thread_local"
+
+
+def can_use_own_generator() -> bool:
+    """Graphs can draw from a private generator only where PyTorch can register it with a graph."""
+    return hasattr(torch.cuda.CUDAGraph, "register_generator_state")
+
+
+class DecodeGraphs:
+    def __init__(self, decode: Callable[[int, int], torch.Tensor], generator: torch.Generator | None,
+                 num_slots: int, state: list[torch.Tensor]) -> None:
+        self.decode = decode
+        self.generator = generator
+        self.ladder = sorted({min(num_slots, 1 << i) for i in range(num_slots.bit_length() + 1)})
+        self.state = state  # tensors a warm-up run mutates, restored before capture
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.ladder if b >= n)
+
+    def run(self, n: int, span: int) -> torch.Tensor:
+        key = (self.bucket(n), span)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(*key)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+    def _capture(self, batch: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # One eager warm-up lets kernels pick their algorithms outside the capture. It writes the
+        # same K/V at the same positions that the replay writes again, so only the small decode
+        # state needs restoring.
+        saved = [t.clone() for t in self.state]
+        self.decode(batch, span)
+        for t, s in zip(self.state, saved):
+            t.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        if self.generator is not None:
+            graph.register_generator_state(self.generator)
+        with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream(),
+                              capture_error_mode=CAPTURE_MODE):
+            out = self.decode(batch, span)
+        self.pool = graph.pool()
+        return graph, out

@@ -1,0 +1,84 @@
+"""Crash-safe file writes: whole files by temp + rename, JSONL by single appends that resume repairs."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import DataError
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader (or a crash) sees the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def append_jsonl(f: Any, rows: list[dict[str, Any]]) -> None:
+    """Append rows to an open text file in one write, then flush (a crash tears at most the last line)."""
+    if rows:
+        f.write("".join(json.dumps(r, allow_nan=False, default=_jsonable) + "\n" for r in rows))
+        f.flush()
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """Yield JSON objects from a JSONL file; a malformed line is an error naming file and line number."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+            except ValueError as e:
+                if skip_bad:
+                    if bad is not None:
+                        bad.append(lineno)
+                    continue
+                raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
+            yield row
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    return list(iter_jsonl(path))
+
+
+def repair_jsonl(path: str | Path, keep: Any = None) -> int:
+    """Drop a torn last line and rows for which `keep(row)` is false; rewrite atomically. Returns rows kept."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # torn by a crash mid-write: only ever the last line
+        if keep is None or keep(row):
+            rows.append(row)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)

@@ -1,0 +1,111 @@
+"""Load a policy model and tokenizer from a hub name, a local path, or a named random shape.
+
+Every path ends in `AutoModelForCausalLM`: the offline tiny model is saved by the warm-start and
+loaded from disk exactly like a downloaded one, so tests exercise the code real models use.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..errors import UserError
+from .shapes import SHAPES, shape_config
+from .tokenizer import build_char_tokenizer, vocab_size_padded
+
+try:  # progress bars from weight loading would garble the dashboard and the logs
+    from transformers.utils import logging as _hf_logging
+
+    _hf_logging.disable_progress_bar()
+except ImportError:  # pragma: no cover - older transformers
+    pass
+
+RANDOM_PREFIX = "random:"
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """'auto' -> bf16 on CUDA with bf16 support, fp16 on older CUDA (V100), fp32 on CPU."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, Any]:
+    # transformers 5 renamed `torch_dtype` to `dtype`.
+    params = inspect.signature(PreTrainedModel.from_pretrained).parameters
+    return {"dtype": dtype} if "dtype" in params or _major_version() >= 5 else {"torch_dtype": dtype}
+
+
+def _major_version() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    if name.startswith(RANDOM_PREFIX):
+        return build_char_tokenizer()
+    _check_local(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise UserError(f"model.name '{name}': could not load its tokenizer ({_first_line(e)})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,
+               seed: int = 0) -> PreTrainedModel:
+    """A causal LM on `device` in `dtype`; `random:<shape>` builds one with random weights."""
+    if name.startswith(RANDOM_PREFIX):
+        return random_model(name[len(RANDOM_PREFIX):], dtype, device, seed)
+    _check_local(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            name, trust_remote_code=trust_remote_code, attn_implementation="sdpa", **_dtype_kwarg(dtype))
+    except (OSError, ValueError) as e:
+        raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)})") from None
+    return model.to(device)
+
+
+def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:
+    if shape not in SHAPES:
+        raise UserError(f"model.name 'random:{shape}': unknown shape (known: {', '.join(SHAPES)})")
+    tokenizer = build_char_tokenizer()
+    config = shape_config(shape, vocab_size_padded(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype))
+    return model.to(device)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS, the model's, and chat end-of-turn."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if source is not None:
+            ids.update(source if isinstance(source, (list, tuple)) else [source])
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    if im_end is not None:
+        ids.add(im_end)
+    if not ids:
+        raise UserError("the tokenizer and model define no end-of-sequence token; set one in the tokenizer config")
+    return sorted(ids)
+
+
+def _check_local(name: str) -> None:
+    looks_local = name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
+    if looks_local and not Path(name).expanduser().exists():
+        raise UserError(f"model.name '{name}': no such file or directory")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

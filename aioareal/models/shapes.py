@@ -1,0 +1,35 @@
+"""Named model shapes built from a config with random weights: the offline tiny model, and
+published shapes for benchmarks (throughput does not depend on the weights, so no download)."""
+from __future__ import annotations
+
+from transformers import Qwen2Config
+
+SHAPES: dict[str, dict] = {
+    # ~0.8M parameters: trains and generates in milliseconds on a laptop CPU.
+    "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0),
+    # Qwen2.5-0.5B(-Instruct), from its published config.json (see DESIGN.md reference facts).
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
+                         vocab_size=151936),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
+                         vocab_size=151936),
+}
+
+
+def shape_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: int) -> Qwen2Config:
+    """A Qwen2Config for a named shape; shapes without a vocabulary of their own take `vocab_size`."""
+    if name not in SHAPES:
+        raise KeyError(name)
+    spec = dict(SHAPES[name])
+    rope_theta = spec.pop("rope_theta")
+    spec.setdefault("vocab_size", vocab_size)
+    config = Qwen2Config(rms_norm_eps=1e-6, tie_word_embeddings=True, pad_token_id=pad_token_id,
+                         eos_token_id=eos_token_id, bos_token_id=None, use_sliding_window=False, **spec)
+    # transformers >= 5 keeps RoPE settings in `rope_parameters`, 4.x in `rope_theta`.
+    if getattr(config, "rope_parameters", None) is not None:
+        config.rope_parameters = {**config.rope_parameters, "rope_theta": rope_theta}
+    else:
+        config.rope_theta = rope_theta
+    return config
