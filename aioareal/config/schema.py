@@ -178,8 +178,8 @@ class EvalConfig:
 class WarmupConfig:
     target_pass_rate: float = doc("tiny model: supervised warm-start stops at this held-out pass rate", 0.3)
     max_steps: int = doc("tiny model: warm-start step limit", 3000)
-    batch_size: int = doc("tiny model: warm-start batch size", 64)
-    lr: float = doc("tiny model: warm-start learning rate", 3e-3)
+    batch_size: int = doc("tiny model: warm-start batch size", 128)
+    lr: float = doc("tiny model: warm-start learning rate", 1e-3)
 
     def __post_init__(self) -> None:
         check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",

@@ -1,0 +1,114 @@
+"""Command line: `python -m aioareal [flags] [section.key=value ...]` trains; subcommands do the rest.
+
+Every user error (bad config key, missing file, malformed data) is printed as one line on stderr
+with exit code 2; `--debug` shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from .errors import UserError
+
+SUBCOMMANDS = ("train", "warmup", "config")
+
+
+def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
+                                epilog="Any config key can be set as section.key=value, e.g. algo.lr=1e-5. "
+                                       "List them with: python -m aioareal config --keys")
+    p.add_argument("--config", help="YAML config file (see configs/)")
+    p.add_argument("--mode", choices=["sync", "one-step", "async"], help="rollout mode")
+    p.add_argument("--max-staleness", type=int, help="K: max policy lag of a trained sample")
+    p.add_argument("--objective", choices=["ppo", "decoupled", "dg"], help="policy objective")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--run-dir", help="output directory (default runs/<mode>-<objective>-<time>)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return p
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, object]:
+    return {"rollout.mode": args.mode, "rollout.max_staleness": args.max_staleness,
+            "algo.objective": args.objective, "train.steps": args.steps, "run.seed": args.seed,
+            "run.run_dir": args.run_dir}
+
+
+def load(args: argparse.Namespace):
+    from .config import load_config
+
+    return load_config(args.config, args.overrides, flags_of(args))
+
+
+def cmd_train(argv: list[str]) -> int:
+    args = train_parser().parse_args(argv)
+    return guarded(args.debug, lambda: _train(args))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .run import train
+
+    train(load(args))
+    return 0
+
+
+def cmd_warmup(argv: list[str]) -> int:
+    args = train_parser("python -m aioareal warmup").parse_args(argv)
+
+    def go() -> int:
+        from .warmup import ensure_tiny
+
+        print(ensure_tiny(load(args)))
+        return 0
+    return guarded(args.debug, go)
+
+
+def cmd_config(argv: list[str]) -> int:
+    parser = train_parser("python -m aioareal config")
+    parser.add_argument("--keys", action="store_true", help="list every config key with its help text")
+    args = parser.parse_args(argv)
+
+    def go() -> int:
+        from .config import dump_yaml
+
+        if args.keys:
+            print_keys()
+        else:
+            print(dump_yaml(load(args)), end="")
+        return 0
+    return guarded(args.debug, go)
+
+
+def print_keys() -> None:
+    import dataclasses
+
+    from .config.loading import section_types
+
+    for section, cls in section_types().items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            print(f"{section}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
+
+
+def guarded(debug: bool, fn: Callable[[], int]) -> int:
+    try:
+        return fn()
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
+                                                         "config": cmd_config}
+    if argv and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
+    return cmd_train(argv)

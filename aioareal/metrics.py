@@ -1,0 +1,43 @@
+"""Run outputs: metrics.jsonl (one row per training step) and samples.jsonl (one row per trained
+sample). Rows are appended in single writes and flushed; a resumed run first drops a torn last
+line and any rows past its checkpoint, so no step is ever logged twice."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .io import append_jsonl, repair_jsonl
+
+METRICS_FILE, SAMPLES_FILE = "metrics.jsonl", "samples.jsonl"
+
+
+def clean(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN/inf: write them as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+class RunLog:
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path, self.samples_path = self.dir / METRICS_FILE, self.dir / SAMPLES_FILE
+        if resume_step is not None:
+            keep = lambda row: row.get("step", 0) <= resume_step  # noqa: E731
+            repair_jsonl(self.metrics_path, keep)
+            repair_jsonl(self.samples_path, keep)
+        else:
+            for path in (self.metrics_path, self.samples_path):
+                path.unlink(missing_ok=True)
+        self._metrics = self.metrics_path.open("a", encoding="utf-8")
+        self._samples = self.samples_path.open("a", encoding="utf-8")
+
+    def step(self, row: dict[str, Any]) -> None:
+        append_jsonl(self._metrics, [clean(row)])
+
+    def samples(self, rows: list[dict[str, Any]]) -> None:
+        append_jsonl(self._samples, [clean(r) for r in rows])
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._samples.close()

@@ -1,0 +1,94 @@
+"""Admission and batching rules (DESIGN rules 1 and 2), as plain bookkeeping with no I/O.
+
+Admission (AReaL, arXiv 2505.24298, eq. 3): with B groups per batch, policy version v and max
+staleness K, a new group may start only while accepted + running < (K + v + 1) * B.
+
+Batches are formed oldest-first *by admission order*: the trainer takes the B oldest admitted
+groups, waiting for any of them still being generated. With the admission rule this guarantees
+that a group admitted at version v is trained at a version <= v + K, so the replay filter drops
+nothing unless a run was interrupted. (Taking the oldest *finished* groups instead would let a
+long generation fall behind younger groups and exceed K.)
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from ..samples import Group
+
+
+@dataclass
+class Admission:
+    batch_groups: int  # B
+    max_staleness: int  # K
+    accepted: int = 0  # groups finished and kept, cumulative (minus groups dropped as stale)
+    running: int = 0  # admitted, not yet finished
+
+    def capacity(self, version: int) -> int:
+        """How many more groups may start at `version`."""
+        return (self.max_staleness + version + 1) * self.batch_groups - self.accepted - self.running
+
+    def admit(self) -> None:
+        self.running += 1
+
+    def finish(self, kept: bool) -> None:
+        self.running -= 1
+        self.accepted += kept
+
+    def drop_accepted(self, n: int = 1) -> None:
+        """Groups dropped by the replay filter free their place."""
+        self.accepted -= n
+
+    def restore(self, version: int) -> None:
+        """On resume: every accepted group up to `version` was trained; nothing is running."""
+        self.accepted, self.running = version * self.batch_groups, 0
+
+
+@dataclass
+class Ledger:
+    """Group counts that must add up: admitted = trained + dropped_stale + rejected + in_flight."""
+
+    admitted: int = 0
+    trained: int = 0
+    dropped_stale: int = 0
+    rejected: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.admitted - self.trained - self.dropped_stale - self.rejected
+
+
+class OldestFirstBuffer:
+    """Finished groups, handed to the trainer strictly in admission order."""
+
+    def __init__(self) -> None:
+        self.order: deque[int] = deque()
+        self.done: dict[int, Group] = {}
+        self._changed = asyncio.Event()
+
+    def admitted(self, group_id: int) -> None:
+        self.order.append(group_id)
+
+    def finished(self, group: Group) -> None:
+        self.done[group.group_id] = group
+        self._changed.set()
+
+    def rejected(self, group_id: int) -> None:
+        self.order.remove(group_id)
+        self._changed.set()
+
+    def ready(self) -> int:
+        """Groups at the head of the line that are finished (what the next batch could take now)."""
+        n = 0
+        for gid in self.order:
+            if gid not in self.done:
+                break
+            n += 1
+        return n
+
+    async def take(self, n: int) -> list[Group]:
+        while self.ready() < n:
+            self._changed.clear()
+            await self._changed.wait()
+        return [self.done.pop(self.order.popleft()) for _ in range(n)]

@@ -1,0 +1,190 @@
+"""The event loop's two coroutines: the generator keeps admitted prompts flowing through the engine,
+the trainer turns oldest-first batches into policy versions. They meet in the admission counters
+and the oldest-first buffer; weights flow through the weight sync the workers share.
+
+Modes (DESIGN "Modes"):
+  sync      K = 0: a whole batch is generated, then trained; never both at once.
+  one-step  K = 1: batch i+1 is generated (whole, under one version) while batch i trains.
+  async     any K: slots are refilled one group at a time as they free up, and a new version is
+            adopted between any two decode steps (running sequences continue under it).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+from ..generation import GroupRequest, GroupResult
+from ..prompts import PromptSource
+from ..samples import Group, Sample
+from .admission import Admission, Ledger, OldestFirstBuffer
+from .rows import sample_rows, step_row
+from .workers import GenerationWorker, TrainingWorker
+
+# (group, completions' token ids) -> (one reward per completion, failed verifications)
+GroupScorer = Callable[[Group, list[list[int]]], Awaitable[tuple[list[float], int]]]
+
+
+@dataclass
+class Schedule:
+    mode: str
+    max_staleness: int
+    batch_groups: int
+    group_size: int
+    steps: int
+    eval_every: int = 0
+    drop_constant_groups: bool = False  # reject groups whose rewards are all equal (zero advantage)
+
+
+class Hooks(Protocol):
+    async def on_eval(self, step: int, row: dict[str, Any]) -> None: ...
+    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None: ...
+
+
+class Orchestrator:
+    def __init__(self, schedule: Schedule, gen: GenerationWorker, train: TrainingWorker, prompts: PromptSource,
+                 score: GroupScorer, hooks: Hooks, start_version: int = 0) -> None:
+        self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
+        self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
+        self.admission.restore(start_version)
+        self.start_version = start_version
+        self.buffer = OldestFirstBuffer()
+        self.ledger = Ledger()
+        self.next_group_id = 0
+        self.busy = {"gen": 0.0, "train": 0.0}
+        self.reward_failures = 0
+        self.stop_requested = False
+        self._finishing: set[asyncio.Task] = set()
+        self._wake: asyncio.Event | None = None
+        self.t0 = 0.0
+
+    # -- time ------------------------------------------------------------------------------------
+    def now(self) -> float:
+        return asyncio.get_running_loop().time() - self.t0
+
+    async def _timed(self, worker: str, awaitable: Awaitable[Any]) -> Any:
+        start = self.now()
+        try:
+            return await awaitable
+        finally:
+            self.busy[worker] += self.now() - start
+
+    # -- entry point -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        self.t0 = asyncio.get_running_loop().time()
+        self._wake = asyncio.Event()
+        if self.start_version == 0:  # step 0: the policy before any update
+            metrics = await self._timed("train", self.train.evaluate())
+            await self.hooks.on_eval(0, {"step": 0, "version": 0, "time": self.now(), **metrics})
+        tasks = [asyncio.create_task(self._generate(), name="generator"),
+                 asyncio.create_task(self._train(), name="trainer")]
+        try:
+            # The run ends when the trainer does; the generator only ends early by failing.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise a failure of either side
+            if not tasks[1].done():
+                raise RuntimeError("the generator stopped before the trainer finished")
+        finally:
+            self.stop_requested = True
+            self._wake.set()
+            for task in [*tasks, *self._finishing]:
+                task.cancel()
+            await asyncio.gather(*tasks, *self._finishing, return_exceptions=True)
+
+    def request_stop(self) -> None:
+        """Finish the current training step, then stop."""
+        self.stop_requested = True
+
+    # -- generator side --------------------------------------------------------------------------
+    def _still_needed(self) -> int:
+        """Groups the remaining steps will consume beyond those already admitted and kept."""
+        kept = self.ledger.admitted - self.ledger.rejected - self.ledger.dropped_stale
+        return (self.s.steps - self.start_version) * self.s.batch_groups - kept
+
+    def _admit(self) -> None:
+        version, s = self.train.version, self.s
+        room = min(self.admission.capacity(version), self._still_needed())
+        if s.mode == "async":
+            while room > 0 and self.gen.free_slots() >= s.group_size:
+                self._submit(version)
+                room -= 1
+        elif not self.gen.busy and room >= s.batch_groups:
+            for _ in range(s.batch_groups):  # sync and one-step generate whole batches
+                self._submit(version)
+
+    def _submit(self, version: int) -> None:
+        example, prompt_ids = self.prompts.next()
+        group = Group(self.next_group_id, example, prompt_ids, version, self.now())
+        self.next_group_id += 1
+        self.admission.admit()
+        self.ledger.admitted += 1
+        self.buffer.admitted(group.group_id)
+        self.gen.submit(GroupRequest(group.group_id, prompt_ids, self.s.group_size, payload=group))
+
+    async def _generate(self) -> None:
+        while not self.stop_requested:
+            self._admit()
+            if not self.gen.busy:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            # sync/one-step adopt new weights only between batches; async between any two steps.
+            adopt = self.s.mode == "async" or self.gen.in_flight == 0
+            results = await self._timed("gen", self.gen.step(adopt))
+            for result in results:
+                task = asyncio.create_task(self._finish(result))
+                self._finishing.add(task)
+                task.add_done_callback(self._finishing.discard)
+
+    async def _finish(self, result: GroupResult) -> None:
+        group: Group = result.request.payload
+        group.finished_at = self.now()
+        rewards, failures = await self.score(group, [c.tokens for c in result.completions])
+        group.samples = [Sample(group.prompt_ids, c, r) for c, r in zip(result.completions, rewards)]
+        group.reward_failures = failures
+        self.reward_failures += failures
+        kept = not (self.s.drop_constant_groups and len(set(rewards)) == 1)
+        self.admission.finish(kept)
+        if kept:
+            self.buffer.finished(group)
+        else:
+            self.ledger.rejected += 1
+            self.buffer.rejected(group.group_id)
+        self._wake.set()
+
+    # -- trainer side ----------------------------------------------------------------------------
+    async def _next_batch(self) -> tuple[list[Group], int]:
+        """B groups, oldest first; groups staler than K are dropped (DESIGN rule 2) and replaced."""
+        batch: list[Group] = []
+        dropped = 0
+        version = self.train.version
+        while len(batch) < self.s.batch_groups:
+            for group in await self.buffer.take(self.s.batch_groups - len(batch)):
+                if group.staleness(version) > self.s.max_staleness:
+                    dropped += 1
+                    self.admission.drop_accepted()
+                    self.ledger.dropped_stale += 1
+                    self._wake.set()
+                else:
+                    batch.append(group)
+        return batch, dropped
+
+    async def _train(self) -> None:
+        last = {"time": self.now(), "gen_busy": 0.0, "train_busy": 0.0, "tokens": self.gen.tokens_generated}
+        while self.train.version < self.s.steps and not self.stop_requested:
+            groups, dropped = await self._next_batch()
+            trained_version = self.train.version
+            started = self.now()
+            metrics = await self._timed("train", self.train.train(groups))
+            train_seconds = self.now() - started
+            self._wake.set()
+            self.ledger.trained += len(groups)
+            step = self.train.version
+            if self.s.eval_every and step % self.s.eval_every == 0 or step == self.s.steps:
+                metrics.update(await self._timed("train", self.train.evaluate()))
+            row = step_row(self, step, trained_version, groups, dropped, metrics, train_seconds, last)
+            await self.hooks.on_step(step, row, groups)
+
+    def sample_rows(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
+        return sample_rows(step, step - 1, groups, self.now())

@@ -1,0 +1,118 @@
+"""Simulated generator and trainer with modelled latencies, for the virtual-clock tests and for
+studying schedules without a model. They honour the same contracts as the real workers: slots,
+whole groups, per-token policy versions, adoption only when allowed, one version per train call."""
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..generation import Completion, GroupRequest, GroupResult
+from ..samples import Group
+
+
+def gsm8k_like_length(rng: random.Random, mean: float = 200.0, cap: int = 1024) -> int:
+    """Long-tailed completion lengths: lognormal with GSM8K-like spread, capped."""
+    import math
+
+    sigma = 0.6
+    return max(1, min(cap, int(rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma))))
+
+
+@dataclass
+class _Seq:
+    group: "_GroupRun"
+    target: int
+    completion: Completion = field(default_factory=Completion)
+
+
+@dataclass
+class _GroupRun:
+    request: GroupRequest
+    completions: list[Completion]
+    unfinished: int
+
+
+class SimulatedGenerator:
+    """Decode step time = base + per_seq * running sequences (memory-bound decode)."""
+
+    def __init__(self, slots: int, trainer: "SimulatedTrainer", length: Callable[[random.Random], int],
+                 step_base: float = 0.02, step_per_seq: float = 0.0002, recompute_time: float = 0.05,
+                 seed: int = 0) -> None:
+        self.slots, self.trainer, self.length = slots, trainer, length
+        self.step_base, self.step_per_seq, self.recompute_time = step_base, step_per_seq, recompute_time
+        self.rng = random.Random(seed)
+        self.waiting: list[GroupRequest] = []
+        self.running: list[_Seq] = []
+        self.version = 0
+        self.tokens_generated = 0
+        self.adoptions = 0
+
+    def submit(self, request: GroupRequest) -> None:
+        self.waiting.append(request)
+
+    def free_slots(self) -> int:
+        return self.slots - len(self.running) - sum(r.n for r in self.waiting)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    async def step(self, adopt: bool) -> list[GroupResult]:
+        latency = self.step_base + self.step_per_seq * len(self.running)
+        if adopt and self.trainer.version > self.version:
+            self.version = self.trainer.version
+            self.adoptions += 1
+            latency += self.recompute_time if self.running else 0.0
+        while self.waiting and self.slots - len(self.running) >= self.waiting[0].n:
+            request = self.waiting.pop(0)
+            group = _GroupRun(request, [], request.n)
+            for _ in range(request.n):
+                seq = _Seq(group, self.length(self.rng))
+                group.completions.append(seq.completion)
+                self.running.append(seq)
+        await asyncio.sleep(latency)
+        finished: list[GroupResult] = []
+        still: list[_Seq] = []
+        for seq in self.running:
+            c = seq.completion
+            c.tokens.append(1)
+            c.logprobs.append(-1.0)
+            c.versions.append(self.version)
+            self.tokens_generated += 1
+            if len(c.tokens) < seq.target:
+                still.append(seq)
+                continue
+            c.finish_reason = "stop"
+            seq.group.unfinished -= 1
+            if seq.group.unfinished == 0:
+                finished.append(GroupResult(seq.group.request, seq.group.completions))
+        self.running = still
+        return finished
+
+
+class SimulatedTrainer:
+    """A training step takes base + per_token * tokens virtual seconds and bumps the version."""
+
+    def __init__(self, base: float = 0.5, per_token: float = 0.0, eval_time: float = 0.0) -> None:
+        self.base, self.per_token, self.eval_time = base, per_token, eval_time
+        self.version = 0
+        self.trained_group_ids: list[int] = []
+        self.batches: list[list[Group]] = []
+
+    async def train(self, groups: list[Group]) -> dict[str, float]:
+        tokens = sum(len(s.tokens) for g in groups for s in g.samples)
+        await asyncio.sleep(self.base + self.per_token * tokens)
+        self.trained_group_ids += [g.group_id for g in groups]
+        self.batches.append(groups)
+        self.version += 1
+        return {"loss": 0.0, "train_tokens": tokens}
+
+    async def evaluate(self) -> dict[str, float]:
+        await asyncio.sleep(self.eval_time)
+        return {"eval_pass_rate": float("nan")}

@@ -1,0 +1,111 @@
+"""The generator and trainer as the orchestrator sees them: async methods over a worker thread.
+
+Each side runs its torch calls on one dedicated thread. On the GPU that keeps kernel launches and
+the one host sync per decode step off the event loop; on the CPU, where torch ops run
+synchronously, it is what lets generation and training overlap at all (torch releases the GIL
+inside its kernels). The event loop itself only does bookkeeping.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from ..generation import GroupRequest, GroupResult
+from ..samples import Group
+
+if TYPE_CHECKING:
+    from ..generation import Engine
+    from ..trainer import Trainer
+    from ..weightsync import WeightSync
+
+
+class GenerationWorker(Protocol):
+    version: int
+    tokens_generated: int
+
+    def submit(self, request: GroupRequest) -> None: ...
+    def free_slots(self) -> int: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+    async def step(self, adopt: bool) -> list[GroupResult]: ...
+
+
+class TrainingWorker(Protocol):
+    version: int
+
+    async def train(self, groups: list[Group]) -> dict[str, float]: ...
+    async def evaluate(self) -> dict[str, float]: ...
+
+
+async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+
+
+class EngineWorker:
+    def __init__(self, engine: "Engine", sync: "WeightSync") -> None:
+        self.engine, self.sync = engine, sync
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generator")
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.engine.tokens_generated
+
+    def submit(self, request: GroupRequest) -> None:
+        self.engine.submit(request)
+
+    def free_slots(self) -> int:
+        return len(self.engine.free) - sum(r.n for r in self.engine.waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self.engine.busy
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.engine.running)
+
+    def _step(self, adopt: bool) -> list[GroupResult]:
+        if adopt and self.sync.pending:
+            version, ready = self.sync.apply(self.engine.stream)
+            self.engine.adopt(version, ready)
+        return self.engine.step()
+
+    async def step(self, adopt: bool) -> list[GroupResult]:
+        return await _on(self.pool, self._step, adopt)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class TrainerWorker:
+    def __init__(self, trainer: "Trainer", sync: "WeightSync", evaluate: Callable[[], dict[str, float]]) -> None:
+        self.trainer, self.sync, self._evaluate = trainer, sync, evaluate
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        self.version = trainer.version  # published version: what admission and staleness count
+
+    def _train(self, groups: list[Group]) -> dict[str, float]:
+        metrics = self.trainer.step(groups)
+        self.sync.publish(self.trainer.version)
+        return metrics
+
+    async def train(self, groups: list[Group]) -> dict[str, float]:
+        metrics = await _on(self.pool, self._train, groups)
+        self.version = self.trainer.version
+        return metrics
+
+    async def evaluate(self) -> dict[str, float]:
+        return await _on(self.pool, self._evaluate)
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run other trainer-side work (checkpointing) on the trainer's thread."""
+        return await _on(self.pool, fn, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

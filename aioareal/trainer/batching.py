@@ -1,0 +1,78 @@
+"""Pack samples into micro-batches by a token budget.
+
+Samples are sorted by length and cut greedily so that rows x longest-row <= budget: sequences of
+similar length share a micro-batch, which keeps padding small (reported as `padding_frac`) without
+needing padding-free attention kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..samples import Sample
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors for one forward/backward. Token-level tensors are (rows, L-1), aligned
+    to the *predicted* token: column t holds the target input_ids[:, t+1]."""
+
+    input_ids: torch.Tensor  # (b, L)
+    attention_mask: torch.Tensor  # (b, L)
+    loss_mask: torch.Tensor  # (b, L-1) bool: target is a completion token
+    behav_logp: torch.Tensor  # (b, L-1) float32, 0 off-mask
+    versions: torch.Tensor  # (b, L-1) float32: policy version that sampled each target token
+    advantages: torch.Tensor  # (b,) float32
+    real_tokens: int  # prompt + completion tokens, padding excluded
+    completion_tokens: int  # tokens the loss is computed on
+    prox_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.input_ids.numel()
+
+
+def plan(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (a longer
+    sequence than the budget still gets a micro-batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(samples: list[Sample], pad_id: int, device: torch.device) -> MicroBatch:
+    rows = [s.prompt_ids + s.tokens for s in samples]
+    width = max(len(r) for r in rows)
+    b = len(rows)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width - 1, dtype=torch.bool)
+    behav = torch.zeros(b, width - 1)
+    versions = torch.zeros(b, width - 1)
+    for i, (s, row) in enumerate(zip(samples, rows)):
+        p, n = len(s.prompt_ids), len(s.tokens)
+        ids[i, : len(row)] = torch.tensor(row)
+        attn[i, : len(row)] = 1
+        mask[i, p - 1: p - 1 + n] = True
+        behav[i, p - 1: p - 1 + n] = torch.tensor(s.completion.logprobs)
+        versions[i, p - 1: p - 1 + n] = torch.tensor(s.completion.versions, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    put = dict(device=device, non_blocking=True)
+    return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
+                      adv.to(**put), real_tokens=sum(len(r) for r in rows),
+                      completion_tokens=sum(len(s.tokens) for s in samples))
+
+
+def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device) -> list[MicroBatch]:
+    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
+    return [collate([samples[i] for i in idx], pad_id, device) for idx in plan(lengths, budget)]

@@ -1,0 +1,52 @@
+"""Token log-probabilities of a causal LM, computed over the vocabulary in chunks.
+
+Only completion positions go through the LM head, and they go in chunks of `chunk` tokens, each
+recomputed in the backward pass (activation checkpointing), so fp32 logits for a 151,936-entry
+vocabulary exist for one chunk at a time instead of for the whole micro-batch.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+
+def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float() / temperature  # (c, V)
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+    with torch.no_grad():
+        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float,
+                      chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden (n, H), targets (n,) -> logp (n,) differentiable, entropy (n,) detached."""
+    logps, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk):
+        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(_chunk_logp, h, t, head, temperature, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logp(h, t, head, temperature)
+        logps.append(lp)
+        entropies.append(ent)
+    return torch.cat(logps), torch.cat(entropies)
+
+
+def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   loss_mask: torch.Tensor, temperature: float = 1.0,
+                   chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each target token input_ids[:, t+1] at masked positions.
+    Returns logp (b, L-1) and entropy (b, L-1), zero off the mask."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, L, H)
+    selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
+    targets = input_ids[:, 1:][loss_mask]
+    logp_flat, ent_flat = selected_logprobs(selected, targets, model.lm_head, temperature, chunk)
+    logp = torch.zeros(loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)
+    entropy = torch.zeros_like(logp, requires_grad=False)
+    logp = logp.masked_scatter(loss_mask, logp_flat)
+    entropy = entropy.masked_scatter(loss_mask, ent_flat)
+    return logp, entropy

@@ -1,0 +1,171 @@
+"""The training step: advantages, (proximal and reference log-probs), mini-batched updates.
+
+`Trainer` owns the master weights (fp32) and the optimizer. One `step(groups)` turns a batch of
+B groups into `minibatches x ppo_epochs` optimizer steps and bumps the policy version by one.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from transformers import PreTrainedModel
+
+from .. import losses
+from ..config import Config
+from ..samples import Group
+from .batching import MicroBatch, pack
+from .logprobs import token_logprobs
+from .objective import Totals, micro_loss
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+class Trainer:
+    def __init__(self, model: PreTrainedModel, config: Config, pad_id: int,
+                 ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None) -> None:
+        self.model, self.ref_model, self.cfg, self.pad_id = model, ref_model, config, pad_id
+        self.algo = config.algo
+        self.device = next(model.parameters()).device
+        self.autocast_dtype = autocast_dtype if self.device.type == "cuda" else None
+        if config.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
+            weight_decay=self.algo.weight_decay, fused=self.device.type == "cuda")
+        warmup = self.algo.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        # fp16 needs loss scaling; bf16 and fp32 do not.
+        self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
+        self.version = 0
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+        self.max_consecutive_skips = 5
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def _logprobs(self, model: PreTrainedModel, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
+                                  self.cfg.generation.temperature, self.cfg.train.logprob_chunk)
+
+    def assign_advantages(self, groups: list[Group]) -> None:
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # (B, G)
+        adv = losses.group_advantages(rewards, self.algo.adv_std_norm).tolist()
+        for g, row in zip(groups, adv):
+            for s, a in zip(g.samples, row):
+                s.advantage = a
+
+    def _minibatches(self, groups: list[Group]) -> list[list[MicroBatch]]:
+        m = self.algo.minibatches
+        size = math.ceil(len(groups) / m)
+        parts = [groups[i:i + size] for i in range(0, len(groups), size)]
+        budget = self.cfg.train.micro_batch_tokens
+        return [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
+
+    @torch.no_grad()
+    def _fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
+        """pi_prox (the policy at the start of this step, DESIGN rule 4) and the reference policy."""
+        need_prox = self.algo.objective == "decoupled" and self.algo.prox == "recompute"
+        for mb in (mb for part in packed for mb in part):
+            if need_prox:
+                mb.prox_logp = self._logprobs(self.model, mb)[0].float()
+            if self.ref_model is not None:
+                mb.ref_logp = self._logprobs(self.ref_model, mb)[0].float()
+
+    def step(self, groups: list[Group]) -> dict[str, float]:
+        """Train on a batch of groups; returns the step's metrics. Bumps `version`."""
+        self.model.train()
+        self.assign_advantages(groups)
+        packed = self._minibatches(groups)
+        self._fill_fixed_logprobs(packed)
+        sums: dict[str, torch.Tensor] = {}
+        norms: list[torch.Tensor] = []
+        updates = self.algo.ppo_epochs * len(packed)
+        for epoch in range(self.algo.ppo_epochs):
+            for k, part in enumerate(packed):
+                theta_version = self.version + (epoch * len(packed) + k) / updates
+                norms.append(self._update(part, theta_version, sums))
+        self.version += 1
+        return self._summary(packed, sums, norms, updates)
+
+    def _update(self, part: list[MicroBatch], theta_version: float, sums: dict[str, torch.Tensor]) -> torch.Tensor:
+        totals = Totals(tokens=float(sum(mb.completion_tokens for mb in part)),
+                        seqs=float(sum(mb.input_ids.shape[0] for mb in part)),
+                        constant=float(self.cfg.generation.max_new_tokens))
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb in part:
+            logp, entropy = self._logprobs(self.model, mb)
+            loss, stats = micro_loss(self.algo, mb, logp.float(), totals, self.version, theta_version)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            stats.update(loss=loss.detach(), entropy=(entropy * mb.loss_mask).sum(), tokens=mb.loss_mask.sum())
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0) + value.float()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
+        self._optimizer_step(norm)
+        return norm
+
+    def _optimizer_step(self, norm: torch.Tensor) -> None:
+        if self.scaler:  # the scaler skips non-finite steps itself
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+            return
+        # Intentional host sync, once per optimizer step: a non-finite gradient must skip the update.
+        if not bool(torch.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.max_consecutive_skips:
+                raise NonFiniteError(f"{self.consecutive_skips} consecutive updates had a non-finite loss or "
+                                     "gradient; lower algo.lr or check the reward function")
+            return
+        self.consecutive_skips = 0
+        self.optimizer.step()
+        self.scheduler.step()
+
+    def _summary(self, packed: list[list[MicroBatch]], sums: dict[str, torch.Tensor],
+                 norms: list[torch.Tensor], updates: int) -> dict[str, float]:
+        keys = sorted(sums)
+        values = torch.stack([sums[k] for k in keys] + [torch.stack(norms).float().mean()]).tolist()  # one sync
+        total = dict(zip(keys + ["grad_norm"], values))
+        tokens = max(total.pop("tokens"), 1.0)
+        mbs = [mb for part in packed for mb in part]
+        out = {
+            "loss": total.pop("loss") / updates,  # mean over optimizer updates of the mini-batch loss
+            "grad_norm": total.pop("grad_norm"),
+            "entropy": total.pop("entropy") / tokens,
+            "clip_frac": total.pop("clipped") / tokens,
+            "kl": total.pop("kl", 0.0) / tokens,
+            "lr": self.scheduler.get_last_lr()[0],
+            "train_tokens": sum(mb.real_tokens for mb in mbs),
+            "padding_frac": 1.0 - sum(mb.real_tokens for mb in mbs) / sum(mb.padded_tokens for mb in mbs),
+            "micro_batches": len(mbs),
+            "skipped_updates": self.skipped_updates,
+        }
+        if "capped" in total:
+            out["capped_frac"] = total["capped"] / tokens
+        if "dg_gate" in total:
+            out["dg_gate_mean"] = total["dg_gate"] / tokens
+        return out
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None, "version": self.version,
+                "skipped_updates": self.skipped_updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.version = state["version"]
+        self.skipped_updates = state.get("skipped_updates", 0)

@@ -1,0 +1,109 @@
+"""Supervised warm-start of the offline tiny model, cached under runs/_warmup/.
+
+Random weights earn no reward, so RL cannot start from them. Like an instruct model before RL,
+the tiny model is first taught the task's format and a little skill by supervised training on
+the arithmetic *training* split, and stopped as soon as its held-out greedy pass rate reaches
+`warmup.target_pass_rate` (default 0.3): good enough for RL to find rewarded samples, far from
+solved. The result is saved with `save_pretrained` and loaded like any hub model.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .config import Config
+from .evaluation import EvalSet, evaluate
+from .models import eos_token_ids, random_model
+from .models.shapes import SHAPES
+from .models.tokenizer import build_char_tokenizer
+from .tasks.arithmetic import ArithmeticTask
+
+FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
+EVAL_EVERY = 25
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AIOAREAL_WARMUP_DIR", "runs/_warmup"))
+
+
+def cache_key(config: Config) -> str:
+    d = config.data
+    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=asdict(config.warmup), digits=d.arith_digits,
+                ops=d.arith_ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ensure_tiny(config: Config, log=print) -> Path:
+    """Path of the warm-started tiny model for this config, training it first if not cached."""
+    path = cache_root() / f"tiny-{cache_key(config)}"
+    if (path / "warmup.json").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs wait for one warm-start, not redo it
+        if not (path / "warmup.json").exists():
+            log(f"warm-start: training the tiny model once (cached in {path})")
+            tmp = path.with_name(path.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            summary = train_tiny(config, tmp, log)
+            (tmp / "warmup.json").write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, path)
+    return path
+
+
+def train_tiny(config: Config, out: Path, log=print) -> dict:
+    w, d = config.warmup, config.data
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer()
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
+    task = ArithmeticTask(d.arith_digits, d.arith_ops, d.eval_size, d.shuffle_seed)
+    train, held_out = task.splits()
+    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    eval_set = EvalSet(held_out, [encode(e.prompt) for e in held_out])
+    eos = eos_token_ids(model, tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
+    start, pass_rate, step = time.time(), 0.0, 0
+    for step in range(1, w.max_steps + 1):
+        batch = rng.sample(train, w.batch_size)
+        loss = _sft_loss(model, [encode(e.prompt) for e in batch],
+                         [encode(e.answer) + [tokenizer.eos_token_id] for e in batch])
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % EVAL_EVERY == 0:
+            pass_rate = evaluate(model, eval_set, task.score, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                                 eos, max_new_tokens=8).pass_rate
+            if pass_rate >= w.target_pass_rate:
+                break
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    summary = {"steps": step, "held_out_pass_rate": pass_rate, "seconds": round(time.time() - start, 1)}
+    log(f"warm-start: {step} steps, held-out pass rate {pass_rate:.3f}, {summary['seconds']} s")
+    return summary
+
+
+def _sft_loss(model, prompts: list[list[int]], answers: list[list[int]]) -> torch.Tensor:
+    """Mean next-token loss on the answer tokens only (the prompt is context, not a target)."""
+    rows = [p + a for p, a in zip(prompts, answers)]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    target_mask = torch.zeros(len(rows), width - 1)
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        ids[i, : len(r)] = torch.tensor(r)
+        target_mask[i, len(p) - 1: len(r) - 1] = 1
+    logits = model(ids).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return -(logp * target_mask).sum() / target_mask.sum()

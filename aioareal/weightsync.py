@@ -1,0 +1,104 @@
+"""Weight sync from the trainer's master weights to the generator's copy (DESIGN rule 5).
+
+`publish` (trainer thread) copies every parameter into a staging buffer on the generator's device
+with non-blocking copies on a dedicated stream, records an event and bumps the version. `apply`
+(generator thread, between two engine steps) makes the generator's stream wait on that event and
+copies staging into the live parameters in place (`param.copy_`, never rebinding: CUDA graphs hold
+raw pointers). Neither side waits on the host.
+
+Why a staging buffer: the trainer must never wait for the generator to reach a step boundary (in
+one-step mode that is a whole batch away), and the generator must never see half a model. Staging
+gives both: a version is all parameters or none, and each side moves at its own pace. The cost is
+one extra copy of the generator's weights in its dtype, and a same-device copy when adopting.
+
+On the CPU the copies are synchronous and streams are no-ops; a lock orders the two threads.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+
+def _stream(device: torch.device) -> torch.cuda.Stream | None:
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
+
+
+class WeightSync:
+    def __init__(self, trainer_model: nn.Module, generator_model: nn.Module) -> None:
+        src = dict(trainer_model.named_parameters())
+        dst = dict(generator_model.named_parameters())
+        if src.keys() != dst.keys():
+            missing = sorted(src.keys() ^ dst.keys())[:3]
+            raise ValueError(f"trainer and generator models differ in parameters: {missing}")
+        self.names = list(src)
+        self.src = [src[n] for n in self.names]
+        self.dst = [dst[n] for n in self.names]
+        self.staging = [torch.empty_like(p, device=p.device) for p in self.dst]
+        self.gen_device = self.dst[0].device
+        self.train_device = self.src[0].device
+        self.copy_stream = _stream(self.gen_device)
+        self.lock = threading.Lock()
+        self.published = 0  # version held in staging
+        self.applied = 0  # version in the generator's parameters
+        self._staged_event: torch.cuda.Event | None = None
+        self._applied_event: torch.cuda.Event | None = None
+        self.bytes_per_publish = sum(p.numel() * p.element_size() for p in self.dst)
+
+    def set_version(self, version: int) -> None:
+        """Start (or resume) at `version`, with generator and trainer weights already equal."""
+        self.published = self.applied = version
+
+    @torch.no_grad()
+    def publish(self, version: int) -> None:
+        """Trainer side: stage the master weights as `version`. Returns once the copies are enqueued."""
+        with self.lock:
+            if self.copy_stream is None:
+                for s, p in zip(self.staging, self.src):
+                    s.copy_(p)
+            else:
+                self._publish_cuda()
+            self.published = version
+
+    def _publish_cuda(self) -> None:
+        stream = self.copy_stream
+        if self.train_device.type == "cuda":
+            stream.wait_stream(torch.cuda.current_stream(self.train_device))  # the optimizer step has landed
+        if self._applied_event is not None:
+            stream.wait_event(self._applied_event)  # the generator has finished reading the last version
+        with torch.cuda.stream(stream):
+            for s, p in zip(self.staging, self.src):
+                s.copy_(p, non_blocking=True)  # casts fp32 master -> generator dtype on the way
+        event = torch.cuda.Event()
+        event.record(stream)
+        self._staged_event = event
+        if self.train_device.type == "cuda":
+            # The next optimizer step must not overwrite master weights the copy is still reading.
+            torch.cuda.current_stream(self.train_device).wait_event(event)
+
+    @property
+    def pending(self) -> bool:
+        return self.published > self.applied
+
+    @torch.no_grad()
+    def apply(self, stream: torch.cuda.Stream | None = None) -> tuple[int, torch.cuda.Event | None]:
+        """Generator side, between steps: copy staging into the live parameters on `stream` (the
+        generator's own). Returns (version now in the parameters, event marking the copy done)."""
+        with self.lock:
+            if not self.pending:
+                return self.applied, None
+            if stream is None or self.gen_device.type != "cuda":
+                for d, s in zip(self.dst, self.staging):
+                    d.copy_(s)
+                self.applied = self.published
+                return self.applied, None
+            stream.wait_event(self._staged_event)
+            with torch.cuda.stream(stream):
+                for d, s in zip(self.dst, self.staging):
+                    d.copy_(s, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+            self._applied_event = done
+            self.applied = self.published
+            return self.applied, done
