@@ -1,0 +1,59 @@
+import pytest
+
+from aioareal.config import load_config
+from aioareal.errors import ConfigError, UserError
+
+
+def test_layering_defaults_yaml_flags_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algo:\n  lr: 0.5\n  group_size: 4\nrollout:\n  mode: async\n")
+    c = load_config(path, ["algo.lr=1e-5"], {"rollout.max_staleness": 3, "train.steps": None})
+    assert c.algo.lr == 1e-5  # CLI override beats YAML
+    assert c.algo.group_size == 4  # YAML beats default
+    assert c.rollout.mode == "async" and c.rollout.max_staleness == 3
+    assert c.train.steps == 60  # a None flag leaves the default
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algo.lrr=1", "config key 'algo.lrr': unknown key; did you mean 'algo.lr'?"),
+    ("algo.batch_groups=-1", "config key 'algo.batch_groups': must be > 0, got -1"),
+    ("algo.lr=abc", "config key 'algo.lr': expected a number, got 'abc'"),
+    ("rollout.mode=fast", "config key 'rollout.mode': expected one of sync | one-step | async, got 'fast'"),
+    ("algo.group_size=2.5", "config key 'algo.group_size': expected an integer, got 2.5"),
+    ("generation.recompute_kv=maybe", "config key 'generation.recompute_kv': expected true or false, got 'maybe'"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[override])
+    assert str(e.value) == message
+
+
+def test_contradictions_are_errors():
+    with pytest.raises(ConfigError, match="one-step mode overlaps exactly one batch"):
+        load_config(flags={"rollout.mode": "one-step", "rollout.max_staleness": 0})
+    with pytest.raises(ConfigError, match="must divide algo.batch_groups"):
+        load_config(overrides=["algo.batch_groups=6", "algo.minibatches=4"])
+    with pytest.raises(ConfigError, match="sync mode trains only fresh samples"):
+        load_config(flags={"rollout.max_staleness": 2})
+
+
+def test_unknown_section_and_bad_yaml(tmp_path):
+    with pytest.raises(UserError, match="unknown config section 'foo'"):
+        load_config(overrides=["foo.bar=1"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  lr: [1,\n")
+    with pytest.raises(UserError, match=r"bad.yaml:\d+: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_mode_defaults_for_staleness():
+    assert load_config(flags={"rollout.mode": "async"}).rollout.max_staleness == 2
+    assert load_config(flags={"rollout.mode": "one-step"}).rollout.max_staleness == 1
+    assert load_config().rollout.max_staleness == 0
+
+
+def test_lists_from_cli():
+    c = load_config(overrides=["reward.functions=a.b:f,c.d:g", "reward.weights=1,0.5"])
+    assert c.reward.functions == ["a.b:f", "c.d:g"] and c.reward.weights == [1.0, 0.5]

@@ -1,0 +1,105 @@
+"""The engine against a plain full forward pass of the same Hugging Face model."""
+import pytest
+import torch
+
+from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.generation.sampling import sample
+from aioareal.models import random_model
+
+
+def _model():
+    torch.manual_seed(0)
+    return random_model("tiny", torch.float32, torch.device("cpu"), seed=3)
+
+
+def _requests(n_groups, g, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    for gid in range(n_groups):
+        length = int(torch.randint(2, 14, (1,), generator=gen))
+        yield GroupRequest(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), n=g)
+
+
+def _run(engine, requests, adopt_at=None):
+    for r in requests:
+        engine.submit(r)
+    results, steps = [], 0
+    while engine.busy:
+        results += engine.step()
+        steps += 1
+        if steps == adopt_at:
+            engine.adopt(engine.version + 1)
+    return results
+
+
+def _reference_logprobs(model, prompt, tokens, temperature):
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
+    return logp[len(prompt) - 1:-1].gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("adopt_at, recompute", [(None, True), (4, True), (4, False)])
+def test_logprobs_match_full_forward(adopt_at, recompute):
+    model = _model()
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16)
+    # Fewer slots than sequences: slots are freed and refilled mid-run (continuous batching).
+    engine = Engine(model, eos_ids=[1], num_slots=10, max_len=40, params=params, seed=1, recompute_kv=recompute)
+    results = _run(engine, list(_requests(7, 3)), adopt_at)
+    assert sorted(r.request.group_id for r in results) == list(range(7))
+    for r in results:
+        assert len(r.completions) == 3
+        for c in r.completions:
+            assert 1 <= len(c.tokens) <= 16 and len(c.logprobs) == len(c.tokens) == len(c.versions)
+            assert c.finish_reason == ("stop" if c.tokens[-1] == 1 else "length")
+            ref = _reference_logprobs(model, r.request.prompt_ids, c.tokens, params.temperature)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
+    versions = {v for r in results for c in r.completions for v in c.versions}
+    assert versions == ({0} if adopt_at is None else {0, 1})
+
+
+def test_interrupted_sequences_record_both_versions():
+    model = _model()
+    engine = Engine(model, eos_ids=[], num_slots=4, max_len=40,
+                    params=SamplingParams(max_new_tokens=10), seed=0)
+    results = _run(engine, list(_requests(1, 4)), adopt_at=3)
+    for c in results[0].completions:
+        assert c.versions[0] == 0 and c.versions[-1] == 1 and len(c.tokens) == 10
+
+
+def test_greedy_matches_argmax_of_full_forward():
+    model = _model()
+    engine = Engine(model, eos_ids=[1], num_slots=4, max_len=40,
+                    params=SamplingParams(greedy=True, max_new_tokens=8))
+    results = _run(engine, list(_requests(4, 1)))
+    for r in results:
+        ids = list(r.request.prompt_ids)
+        for token in r.completions[0].tokens:
+            with torch.no_grad():
+                expected = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            assert token == expected
+            ids.append(token)
+
+
+def test_same_seed_same_samples():
+    outs = []
+    for _ in range(2):
+        engine = Engine(_model(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6), seed=5)
+        outs.append([c.tokens for r in _run(engine, list(_requests(4, 2))) for c in r.completions])
+    assert outs[0] == outs[1]
+
+
+def test_sampling_distribution_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20000, 1)
+    gen = torch.Generator().manual_seed(0)
+    tokens, logp = sample(logits, SamplingParams(temperature=1.0), gen)
+    freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
+    torch.testing.assert_close(freq, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.015, rtol=0)
+    torch.testing.assert_close(logp[:4].exp(), torch.tensor([0.5, 0.3, 0.15, 0.05])[tokens[:4]])
+    tokens, _ = sample(logits, SamplingParams(temperature=1.0, top_p=0.7), gen)
+    assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.7; the tail is cut
+
+
+def test_rejects_prompt_longer_than_context():
+    engine = Engine(_model(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
+    with pytest.raises(ValueError, match="exceeds the engine context"):
+        engine.submit(GroupRequest(0, list(range(4, 10)), n=1))
