@@ -98,7 +98,7 @@ class GenerationConfig:
 class AlgoConfig:
     objective: Literal["ppo", "decoupled", "dg"] = doc("ppo | decoupled (AReaL) | dg (Delightful PG)", "ppo")
     group_size: int = doc("samples per prompt (G)", 8)
-    batch_groups: int = doc("prompt groups per training step (B)", 16)
+    batch_groups: int = doc("prompt groups per training step (B)", 32)
     minibatches: int = doc("optimizer steps per training step (PPO mini-batches)", 1)
     ppo_epochs: int = doc("passes over each batch", 1)
     clip_eps_low: float = doc("PPO clip: ratio >= 1 - eps_low", 0.2)
@@ -112,7 +112,7 @@ class AlgoConfig:
     prox: Literal["recompute", "loglinear"] = doc(
         "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions", "recompute")
     dg_eta: float = doc("Delightful PG gate temperature", 1.0)
-    lr: float = doc("AdamW learning rate", 2e-4)
+    lr: float = doc("AdamW learning rate", 1e-4)
     weight_decay: float = doc("AdamW weight decay", 0.0)
     adam_beta2: float = doc("AdamW beta2", 0.99)
     grad_clip: float = doc("gradient-norm clip (0 disables)", 1.0)

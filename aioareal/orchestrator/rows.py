@@ -35,7 +35,9 @@ def step_row(o: "Orchestrator", step: int, trained_version: int, groups: list[Gr
         "staleness_mean": fmean(staleness),
         "staleness_max": max(staleness),
         "dropped_stale": dropped,
-        "gen_tokens_per_s": _ratio(tokens - last["tokens"], wall),
+        # Engine speed: tokens per second of generator busy time (wall-clock rates would mix in
+        # whatever else the interval held, such as an evaluation overlapping generation).
+        "gen_tokens_per_s": _ratio(tokens - last["tokens"], o.busy["gen"] - last["gen_busy"]),
         "train_tokens_per_s": _ratio(metrics.get("train_tokens", 0), train_seconds),
         "samples_per_s": _ratio(len(samples), wall),
         "gen_idle_frac": max(0.0, 1.0 - _ratio(o.busy["gen"] - last["gen_busy"], wall)),
