@@ -82,12 +82,12 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print) -> 
     random.seed(config.run.seed)
     gen_device = resolve_device(config.rollout.gen_device, "gen")
     train_device = resolve_device(config.rollout.train_device, "train")
+    task = build_task(config)
+    train_examples, eval_examples = task.splits()  # data errors surface before any model loads
     path = model_path(config, log)
     tokenizer = load_tokenizer(path, config.model.trust_remote_code)
-    task = build_task(config)
     chat = task.chat if config.data.chat_template is None else config.data.chat_template
     renderer = PromptRenderer(tokenizer, chat, config.data.system_prompt, config.data.prompt_template)
-    train_examples, eval_examples = task.splits()
     encode = prompt_encoder(renderer, config.data.max_prompt_tokens, config.data.skip_bad_rows)
     eval_set = EvalSet(eval_examples, [encode(e) for e in eval_examples])
 

@@ -11,7 +11,7 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
     assert c.algo.lr == 1e-5  # CLI override beats YAML
     assert c.algo.group_size == 4  # YAML beats default
     assert c.rollout.mode == "async" and c.rollout.max_staleness == 3
-    assert c.train.steps == 60  # a None flag leaves the default
+    assert c.train.steps == 400  # a None flag leaves the default
 
 
 @pytest.mark.parametrize("override, message", [

@@ -155,7 +155,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = doc("training steps (policy versions to produce)", 60)
+    steps: int = doc("training steps (policy versions to produce)", 400)
     micro_batch_tokens: int = doc("token budget of one packed micro-batch (padding included)", 8192)
     logprob_chunk: int = doc("tokens per chunk when computing log-probs over the vocabulary", 2048)
 
@@ -167,7 +167,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = doc("evaluate held-out greedy pass rate every N steps (0 = only at start and end)", 10)
+    every: int = doc("evaluate held-out greedy pass rate every N steps (0 = only at start and end)", 25)
     max_new_tokens: int | None = doc("completion limit for evaluation (default: generation.max_new_tokens)", None)
 
     def __post_init__(self) -> None:

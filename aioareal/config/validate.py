@@ -8,5 +8,3 @@ def validate_cross_section(config: Config) -> None:
     g = config.generation
     check(g.num_slots == 0 or g.num_slots >= config.algo.group_size, "generation.num_slots",
           f"must hold at least one group (algo.group_size={config.algo.group_size}), got {g.num_slots}")
-    check(config.data.task != "arithmetic" or config.model.name == "tiny" or config.data.chat_template is not None,
-          "data.chat_template", "set true or false when training a hub model on the arithmetic task")
