@@ -103,3 +103,11 @@ def test_rejects_prompt_longer_than_context():
     engine = Engine(_model(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="exceeds the engine context"):
         engine.submit(GroupRequest(0, list(range(4, 10)), n=1))
+
+
+def test_forced_lengths_ignore_eos():
+    engine = Engine(_model(), eos_ids=list(range(128)), num_slots=6, max_len=40,
+                    params=SamplingParams(max_new_tokens=12), seed=0)
+    engine.submit(GroupRequest(0, [5, 6, 7], n=3, lengths=[1, 5, 30]))
+    results = _run(engine, [])
+    assert [len(c.tokens) for c in results[0].completions] == [1, 5, 12]  # capped by max_new_tokens

@@ -185,8 +185,11 @@ class Engine:
         c.logprobs.append(logprob)
         c.versions.append(self.version)
         self.tokens_generated += 1
-        if token in self.eos_set:
+        forced = r.group.request.lengths
+        if forced is None and token in self.eos_set:
             c.finish_reason = "stop"
+        elif forced is not None and len(c.tokens) >= forced[r.index]:
+            c.finish_reason = "length"
         elif len(c.tokens) >= self.params.max_new_tokens or r.next_pos + 1 >= self.max_len:
             c.finish_reason = "length"
         else:

@@ -13,6 +13,9 @@ class GroupRequest:
     prompt_ids: list[int]
     n: int
     payload: Any = None  # the orchestrator's own record (prompt, admission stamps); never read here
+    # Per-sample length caps with end-of-sequence tokens ignored: benchmarks on random weights use
+    # these to impose a realistic (long-tailed) length distribution.
+    lengths: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -1,0 +1,111 @@
+"""Live state of a run for the dashboard: a cheap, read-only snapshot.
+
+The run's hooks `record` each step's metrics row (histories live here, bounded); `snapshot()`
+adds the orchestrator's live counters (versions, queue depths). The dashboard calls `snapshot()`
+from its refresh thread: attribute reads only, no computation on the event loop, no locks the
+loop could wait on.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Snapshot:
+    run_name: str = ""
+    mode: str = "sync"
+    max_staleness: int = 0
+    objective: str = "ppo"
+    devices: str = "cpu"
+    elapsed: float = 0.0  # seconds since the run started
+    eta: float | None = None  # seconds to the last step, from the recent step rate
+    step: int = 0
+    steps_total: int = 0
+    trainer_version: int = 0
+    generator_version: int = 0
+    groups_running: int = 0  # admitted, being generated or scored
+    groups_ready: int = 0  # finished, at the head of the line, waiting for the trainer
+    gen_tokens_per_s: float = 0.0
+    train_tokens_per_s: float = 0.0
+    samples_per_s: float = 0.0
+    gen_busy: list[float] = field(default_factory=list)  # busy fraction per recent step, oldest first
+    train_busy: list[float] = field(default_factory=list)
+    staleness_hist: dict[int, int] = field(default_factory=dict)  # staleness -> samples, recent batches
+    dropped_stale: int = 0
+    rejected: int = 0
+    reward_failures: int = 0
+    rewards: list[float] = field(default_factory=list)  # reward_mean per recent step
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out pass rate)
+    loss: float | None = None
+    kl: float | None = None
+    grad_norm: float | None = None
+    clip_frac: float | None = None
+    gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
+
+
+class LiveState:
+    HISTORY = 120  # steps kept for sparklines and busy bars
+    STALENESS_BATCHES = 10  # batches in the staleness histogram
+
+    def __init__(self, run_name: str, mode: str, max_staleness: int, objective: str, devices: list[torch.device],
+                 steps_total: int) -> None:
+        self.base = Snapshot(run_name=run_name, mode=mode, max_staleness=max_staleness, objective=objective,
+                             devices=" / ".join(dict.fromkeys(str(d) for d in devices)), steps_total=steps_total)
+        self.cuda_devices = [d for d in dict.fromkeys(devices) if d.type == "cuda"]
+        self.started = time.monotonic()
+        self.last_row: dict[str, Any] = {}
+        self.rewards: deque[float] = deque(maxlen=self.HISTORY)
+        self.gen_busy: deque[float] = deque(maxlen=self.HISTORY)
+        self.train_busy: deque[float] = deque(maxlen=self.HISTORY)
+        self.evals: deque[tuple[int, float]] = deque(maxlen=self.HISTORY)
+        self.staleness: deque[Counter] = deque(maxlen=self.STALENESS_BATCHES)
+        self.step_times: deque[tuple[int, float]] = deque(maxlen=20)
+        self.orchestrator: Any = None
+
+    def record(self, row: dict[str, Any], staleness: list[int] | None = None) -> None:
+        self.last_row = row
+        if row.get("eval_pass_rate") is not None:
+            self.evals.append((row["step"], row["eval_pass_rate"]))
+        if row.get("reward_mean") is None:  # the step-0 evaluation row
+            return
+        self.rewards.append(row["reward_mean"])
+        self.gen_busy.append(1.0 - row.get("gen_idle_frac", 0.0))
+        self.train_busy.append(1.0 - row.get("train_idle_frac", 0.0))
+        if staleness is not None:
+            self.staleness.append(Counter(staleness))
+        self.step_times.append((row["step"], time.monotonic()))
+
+    def _eta(self, step: int, total: int) -> float | None:
+        if len(self.step_times) < 2 or step >= total:
+            return None if step < total else 0.0
+        (s0, t0), (s1, t1) = self.step_times[0], self.step_times[-1]
+        return (total - step) * (t1 - t0) / (s1 - s0) if s1 > s0 else None
+
+    def snapshot(self) -> Snapshot:
+        row, o = self.last_row, self.orchestrator
+        snap = Snapshot(**{**self.base.__dict__})
+        snap.elapsed = time.monotonic() - self.started
+        snap.step = row.get("step", 0)
+        snap.eta = self._eta(snap.step, snap.steps_total)
+        for key in ("gen_tokens_per_s", "train_tokens_per_s", "samples_per_s"):
+            setattr(snap, key, row.get(key) or 0.0)
+        for key in ("loss", "kl", "grad_norm", "clip_frac"):
+            setattr(snap, key, row.get(key))
+        snap.dropped_stale = row.get("groups_dropped_stale", 0)
+        snap.rejected = row.get("groups_rejected", 0)
+        snap.reward_failures = row.get("reward_failures", 0)
+        snap.rewards, snap.evals = list(self.rewards), list(self.evals)
+        snap.gen_busy, snap.train_busy = list(self.gen_busy), list(self.train_busy)
+        snap.staleness_hist = dict(sum(self.staleness, Counter()))
+        if o is not None:
+            snap.trainer_version, snap.generator_version = o.train.version, o.gen.version
+            snap.groups_running = o.admission.running
+            snap.groups_ready = o.buffer.ready()
+        snap.gpu_memory = [(str(d), torch.cuda.memory_allocated(d) / 2**30,
+                            torch.cuda.get_device_properties(d).total_memory / 2**30) for d in self.cuda_devices]
+        return snap
