@@ -25,6 +25,8 @@ def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--run-dir", help="output directory (default runs/<mode>-<objective>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint")
+    p.add_argument("--force", action="store_true", help="with --resume: accept a changed config")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p
@@ -48,6 +50,14 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    if args.resume:
+        from .resume import resume
+
+        if args.config:
+            raise UserError("--resume uses the run's own config.yaml; drop --config (overrides are allowed)")
+        resume(args.resume, args.overrides, {k: v for k, v in flags_of(args).items() if k != "run.run_dir"},
+               args.force)
+        return 0
     from .run import train
 
     train(load(args))
@@ -107,8 +117,21 @@ def guarded(debug: bool, fn: Callable[[], int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+
+    def experiments(name: str) -> Callable[[list[str]], int]:
+        def run(a: list[str]) -> int:  # imported on use: training needs neither pandas nor matplotlib
+            from .experiments import commands as experiment_commands
+
+            return getattr(experiment_commands, name)(a)
+        return run
+
+    def bench(a: list[str]) -> int:  # imported on use: only `bench` loads the benchmarks
+        from .bench import main as bench_main
+
+        return bench_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
-                                                         "config": cmd_config}
+                                                         "config": cmd_config, "plot": experiments("cmd_plot"),
+                                                         "report": experiments("cmd_report"), "bench": bench}
     if argv and argv[0] in commands:
         return commands[argv[0]](argv[1:])
     return cmd_train(argv)

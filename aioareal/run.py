@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import signal
+import sys
 import random
 import time
 from dataclasses import dataclass
@@ -12,13 +14,18 @@ from typing import Any, Callable
 
 import torch
 
+from . import checkpoint
 from .config import Config, dump_yaml, save_config
 from .errors import UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
+from .hooks import RunHooks, format_row
+from .io import atomic_write_text
+from .live import LiveState
 from .metrics import RunLog
 from .models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from .orchestrator import EngineWorker, Orchestrator, Schedule, TrainerWorker
+from .orchestrator.loop import Resume
 from .prompts import PromptSource
 from .rewards import RewardService, per_item
 from .samples import Group
@@ -26,6 +33,8 @@ from .tasks import PromptRenderer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
 from .weightsync import WeightSync
+
+DONE_FILE = "DONE"
 
 
 def resolve_device(name: str, role: str) -> torch.device:
@@ -57,6 +66,10 @@ class Parts:
     prompts: PromptSource
     log: RunLog
     decode: Callable[[list[int]], str]
+    tokenizer: Any
+    live: LiveState | None
+    start_step: int = 0
+    resume: Resume | None = None
 
 
 def model_path(config: Config, log: Callable[[str], None]) -> str:
@@ -77,7 +90,9 @@ def prompt_encoder(renderer: PromptRenderer, limit: int, skip_bad: bool) -> Call
     return encode
 
 
-def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print) -> Parts:
+def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
+          resume_from: Path | None = None) -> Parts:
+    """Build every part of a run from its config; `resume_from` is a checkpoint to continue."""
     torch.manual_seed(config.run.seed)
     random.seed(config.run.seed)
     gen_device = resolve_device(config.rollout.gen_device, "gen")
@@ -91,13 +106,16 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print) -> 
     encode = prompt_encoder(renderer, config.data.max_prompt_tokens, config.data.skip_bad_rows)
     eval_set = EvalSet(eval_examples, [encode(e) for e in eval_examples])
 
-    gen_model = load_model(path, resolve_dtype(config.model.dtype, gen_device), gen_device,
+    policy = str(resume_from / "policy") if resume_from else path
+    gen_model = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device,
                            config.model.trust_remote_code)
-    train_model = load_model(path, torch.float32, train_device, config.model.trust_remote_code)
+    train_model = load_model(policy, torch.float32, train_device, config.model.trust_remote_code)
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref_model = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
-        ref_model = copy.deepcopy(train_model).to(compute_dtype).eval().requires_grad_(False)
+        # The reference is the policy the run started from, also when resuming.
+        source = load_model(path, compute_dtype, train_device) if resume_from else copy.deepcopy(train_model)
+        ref_model = source.to(compute_dtype).eval().requires_grad_(False)
     eos = eos_token_ids(gen_model, tokenizer)
     g, a = config.generation, config.algo
     max_len = config.data.max_prompt_tokens + g.max_new_tokens
@@ -117,36 +135,23 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print) -> 
         result = evaluate(train_model, eval_set, task.score, decode, eos, eval_tokens)
         return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
 
-    rewards = RewardService(per_item(task.score), decode, config.reward.workers, config.reward.timeout_s)
-    prompts = PromptSource(train_examples, encode, seed=config.run.seed * 7919 + config.data.shuffle_seed)
+    from .tasks import build_scorer; rewards = RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)  # noqa: E702,E501 TODO(lead): hoist the import
+    state = checkpoint.load_state(resume_from) if resume_from else None
+    prompts = PromptSource(train_examples, encode, seed=config.run.seed * 7919 + config.data.shuffle_seed,
+                           cursor=state.cursor if state else 0)
+    resume = None
+    if state is not None:
+        trainer.load_state_dict(checkpoint.load_trainer_state(resume_from, train_device))
+        sync.set_version(state.step)
+        engine.version = state.step
+        checkpoint.restore_rng(checkpoint.load_rng(resume_from), engine.generator)
+        resume = Resume(state.step, state.elapsed, state.ledger, state.reward_failures)
+    start = state.step if state else 0
+    live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
+                     [gen_device, train_device], config.train.steps)
     return Parts(config, run_dir, engine, EngineWorker(engine, sync), TrainerWorker(trainer, sync, run_eval),
-                 rewards, prompts, RunLog(run_dir), decode)
-
-
-class RunHooks:
-    """Writes each step's rows and prints a one-line summary."""
-
-    def __init__(self, parts: Parts, orchestrator: Orchestrator, printer: Callable[[dict[str, Any]], None]) -> None:
-        self.parts, self.o, self.printer = parts, orchestrator, printer
-
-    async def on_eval(self, step: int, row: dict[str, Any]) -> None:
-        self.parts.log.step(row)
-        self.printer(row)
-
-    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None:
-        self.parts.log.step(row)
-        self.parts.log.samples(self.o.sample_rows(step, groups))
-        self.printer(row)
-
-
-def format_row(row: dict[str, Any]) -> str:
-    parts = [f"step {row['step']:>4}", f"t {row['time']:7.1f}s"]
-    for key, label, fmt in (("reward_mean", "reward", ".3f"), ("loss", "loss", "+.4f"), ("kl", "kl", ".4f"),
-                            ("staleness_mean", "stale", ".2f"), ("gen_tokens_per_s", "gen tok/s", ".0f"),
-                            ("eval_pass_rate", "eval", ".3f")):
-        if row.get(key) is not None:
-            parts.append(f"{label} {row[key]:{fmt}}")
-    return " | ".join(parts)
+                 rewards, prompts, RunLog(run_dir, resume_step=start if state else None), decode, tokenizer, live,
+                 start, resume)
 
 
 async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:
@@ -157,10 +162,32 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
 
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every)
-    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score, hooks=None)
+    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score, hooks=None,
+                                resume=parts.resume)
     orchestrator.hooks = RunHooks(parts, orchestrator, printer)
+    if parts.live is not None:
+        parts.live.orchestrator = orchestrator
+    install_stop_signals(orchestrator)
     await orchestrator.run()
     return orchestrator
+
+
+def install_stop_signals(orchestrator: Orchestrator) -> None:
+    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, exit cleanly. Second: exit now."""
+    loop = asyncio.get_running_loop()
+
+    def stop(signum: int) -> None:
+        if orchestrator.stop_requested:
+            signal.default_int_handler(signum, None)  # raises KeyboardInterrupt
+        print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
+              "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+        orchestrator.request_stop()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            return
 
 
 def run_event_loop(coro: Any) -> Any:
@@ -179,17 +206,31 @@ def cleanup(parts: Parts) -> None:
     parts.log.close()
 
 
+def check_fresh_run_dir(run_dir: Path) -> None:
+    if (run_dir / "metrics.jsonl").exists() or checkpoint.list_checkpoints(run_dir):
+        raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
+                        "or choose another --run-dir")
+
+
 def train(config: Config, log: Callable[[str], None] = print,
-          printer: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """Run a training job to completion; returns the run directory."""
+          printer: Callable[[dict[str, Any]], None] | None = None, resume_from: Path | None = None) -> Path:
+    """Run a training job to completion (or continue one from a checkpoint); returns the run dir."""
     run_dir = Path(config.run.run_dir) if config.run.run_dir else default_run_dir(config)
+    if resume_from is None:
+        check_fresh_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log(dump_yaml(config))
     save_config(config, run_dir / "config.yaml")
-    parts = setup(config, run_dir, log)
+    parts = setup(config, run_dir, log, resume_from)
+    if resume_from is not None:
+        log(f"resuming {run_dir} from step {parts.start_step}")
     try:
-        run_event_loop(orchestrate(parts, printer or (lambda row: log(format_row(row)))))
+        orchestrator = run_event_loop(orchestrate(parts, printer or (lambda row: log(format_row(row)))))
     finally:
         cleanup(parts)
-    log(f"run written to {run_dir}")
+    if orchestrator.train.version >= config.train.steps:
+        atomic_write_text(run_dir / DONE_FILE, f"{orchestrator.train.version}\n")
+        log(f"run written to {run_dir}")
+    else:
+        log(f"stopped at step {orchestrator.train.version}; continue with: python -m aioareal --resume {run_dir}")
     return run_dir

@@ -42,6 +42,7 @@ class Group:
     prompt_ids: list[int]
     admitted_version: int
     admitted_at: float  # seconds since run start
+    cursor: int = -1  # position of its prompt in the training source (resume restarts from the oldest)
     samples: list[Sample] = field(default_factory=list)
     finished_at: float = 0.0
     reward_failures: int = 0  # verifier calls that raised, hung or returned garbage (scored 0)

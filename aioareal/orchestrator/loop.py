@@ -39,20 +39,38 @@ class Schedule:
 class Hooks(Protocol):
     async def on_eval(self, step: int, row: dict[str, Any]) -> None: ...
     async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None: ...
+    async def on_stop(self, step: int) -> None: ...
+
+
+@dataclass
+class Resume:
+    """Where an interrupted run continues from (see checkpoint.RunState)."""
+
+    version: int
+    elapsed: float
+    ledger: dict[str, int]
+    reward_failures: int = 0
 
 
 class Orchestrator:
     def __init__(self, schedule: Schedule, gen: GenerationWorker, train: TrainingWorker, prompts: PromptSource,
-                 score: GroupScorer, hooks: Hooks, start_version: int = 0) -> None:
+                 score: GroupScorer, hooks: Hooks, start_version: int = 0, resume: Resume | None = None) -> None:
         self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
+        self.start_version = resume.version if resume else start_version
         self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
-        self.admission.restore(start_version)
-        self.start_version = start_version
+        self.admission.restore(self.start_version)  # DESIGN rule 1: counters follow from the version
         self.buffer = OldestFirstBuffer()
         self.ledger = Ledger()
+        self.reward_failures = 0
+        self.elapsed_before = 0.0
+        if resume:
+            # Groups in flight at the checkpoint are regenerated from the saved cursor, not lost.
+            self.ledger = Ledger(**{**resume.ledger, "admitted": 0})
+            self.ledger.admitted = self.ledger.trained + self.ledger.dropped_stale + self.ledger.rejected
+            self.reward_failures, self.elapsed_before = resume.reward_failures, resume.elapsed
+        self.untrained: dict[int, int] = {}  # group id -> prompt cursor, for admitted groups not yet trained
         self.next_group_id = 0
         self.busy = {"gen": 0.0, "train": 0.0}
-        self.reward_failures = 0
         self.stop_requested = False
         self._finishing: set[asyncio.Task] = set()
         self._wake: asyncio.Event | None = None
@@ -70,8 +88,12 @@ class Orchestrator:
             self.busy[worker] += self.now() - start
 
     # -- entry point -----------------------------------------------------------------------------
+    def resume_cursor(self) -> int:
+        """Prompt cursor a resumed run restarts from: the oldest admitted group not yet trained."""
+        return min(self.untrained.values(), default=self.prompts.cursor)
+
     async def run(self) -> None:
-        self.t0 = asyncio.get_running_loop().time()
+        self.t0 = asyncio.get_running_loop().time() - self.elapsed_before
         self._wake = asyncio.Event()
         if self.start_version == 0:  # step 0: the policy before any update
             metrics = await self._timed("train", self.train.evaluate())
@@ -100,7 +122,7 @@ class Orchestrator:
     def _still_needed(self) -> int:
         """Groups the remaining steps will consume beyond those already admitted and kept."""
         kept = self.ledger.admitted - self.ledger.rejected - self.ledger.dropped_stale
-        return (self.s.steps - self.start_version) * self.s.batch_groups - kept
+        return self.s.steps * self.s.batch_groups - kept  # the ledger counts from the run's first step
 
     def _admit(self) -> None:
         version, s = self.train.version, self.s
@@ -114,8 +136,10 @@ class Orchestrator:
                 self._submit(version)
 
     def _submit(self, version: int) -> None:
+        cursor = self.prompts.cursor
         example, prompt_ids = self.prompts.next()
-        group = Group(self.next_group_id, example, prompt_ids, version, self.now())
+        group = Group(self.next_group_id, example, prompt_ids, version, self.now(), cursor=cursor)
+        self.untrained[group.group_id] = cursor
         self.next_group_id += 1
         self.admission.admit()
         self.ledger.admitted += 1
@@ -123,7 +147,9 @@ class Orchestrator:
         self.gen.submit(GroupRequest(group.group_id, prompt_ids, self.s.group_size, payload=group))
 
     async def _generate(self) -> None:
-        while not self.stop_requested:
+        # Runs until cancelled when the trainer is done: a requested stop still needs the
+        # generator to finish the batch of the step in progress.
+        while True:
             self._admit()
             if not self.gen.busy:
                 self._wake.clear()
@@ -150,6 +176,7 @@ class Orchestrator:
             self.buffer.finished(group)
         else:
             self.ledger.rejected += 1
+            self.untrained.pop(group.group_id, None)
             self.buffer.rejected(group.group_id)
         self._wake.set()
 
@@ -163,6 +190,7 @@ class Orchestrator:
             for group in await self.buffer.take(self.s.batch_groups - len(batch)):
                 if group.staleness(version) > self.s.max_staleness:
                     dropped += 1
+                    self.untrained.pop(group.group_id, None)
                     self.admission.drop_accepted()
                     self.ledger.dropped_stale += 1
                     self._wake.set()
@@ -178,13 +206,19 @@ class Orchestrator:
             started = self.now()
             metrics = await self._timed("train", self.train.train(groups))
             train_seconds = self.now() - started
-            self._wake.set()
+            if self.s.mode != "sync":
+                self._wake.set()  # sync waits for this step's checkpoint, so a resume replays exactly
             self.ledger.trained += len(groups)
+            for group in groups:
+                self.untrained.pop(group.group_id, None)
             step = self.train.version
             if self.s.eval_every and step % self.s.eval_every == 0 or step == self.s.steps:
                 metrics.update(await self._timed("train", self.train.evaluate()))
             row = step_row(self, step, trained_version, groups, dropped, metrics, train_seconds, last)
             await self.hooks.on_step(step, row, groups)
+            self._wake.set()
+        if self.stop_requested and self.train.version < self.s.steps:
+            await self.hooks.on_stop(self.train.version)
 
     def sample_rows(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
         return sample_rows(step, step - 1, groups, self.now())

@@ -1,0 +1,120 @@
+"""Checkpoints: written to a temporary directory and renamed, so a crash leaves the previous one
+intact (DESIGN rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
+as is); optimizer, scheduler, RNG states and the run's counters go beside it.
+
+    runs/NAME/checkpoints/step-000040/
+        policy/         config.json, model.safetensors, tokenizer files
+        trainer.pt      optimizer, scheduler, loss scaler, version
+        rng.pt          python, torch CPU/CUDA and sampling-generator states
+        state.json      step, data cursor, group ledger, elapsed time (written last)
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .io import atomic_write_text
+
+PREFIX = "step-"
+
+
+@dataclass
+class RunState:
+    """Counters a resumed run continues from (everything else derives from `step`)."""
+
+    step: int
+    cursor: int  # prompts drawn from the training source, up to the oldest untrained group
+    elapsed: float  # seconds of run time so far, so `time` in metrics.jsonl keeps increasing
+    ledger: dict[str, int] = field(default_factory=dict)
+    reward_failures: int = 0
+    config_digest: str = ""
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a temporary directory left by a crash is not one)."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+            and (p / "state.json").is_file()]
+    return sorted(done, key=_step_of)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def rng_state(engine_generator: torch.Generator | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if engine_generator is not None:
+        state["engine"] = engine_generator.get_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any], engine_generator: torch.Generator | None) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if engine_generator is not None and "engine" in state:
+        engine_generator.set_state(state["engine"])
+
+
+def save(run_dir: Path, state: RunState, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
+         rng: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint `step-<state.step>` atomically, then drop all but the newest `keep`."""
+    root = checkpoint_dir(run_dir)
+    final = root / f"{PREFIX}{state.step:06d}"
+    tmp = root / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp / "policy", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "policy")
+    torch.save(trainer_state, tmp / "trainer.pt")
+    torch.save(rng, tmp / "rng.pt")
+    atomic_write_text(tmp / "state.json", json.dumps(asdict(state), indent=2))
+    _fsync_dir(tmp)
+    shutil.rmtree(final, ignore_errors=True)  # a checkpoint of the same step from an earlier attempt
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_state(path: Path) -> RunState:
+    return RunState(**json.loads((path / "state.json").read_text()))
+
+
+def load_trainer_state(path: Path, device: torch.device) -> dict[str, Any]:
+    return torch.load(path / "trainer.pt", map_location=device, weights_only=False)
+
+
+def load_rng(path: Path) -> dict[str, Any]:
+    return torch.load(path / "rng.pt", weights_only=False)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,53 @@
+"""`python -m aioareal plot runs/SWEEP` and `python -m aioareal report runs/SWEEP`.
+
+Both take a sweep directory (or one run directory) and write to plots/<its name>/ unless --out
+says otherwise; they print the paths they wrote.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..cli import guarded  # cli imports this module lazily, so no cycle
+
+
+def parser(command: str, what: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m aioareal {command}", description=what)
+    p.add_argument("path", help="a sweep directory (runs/SWEEP) or a single run directory")
+    p.add_argument("--out", help="output directory (default plots/<name of PATH>)")
+    p.add_argument("--threshold", type=float,
+                   help="held-out pass rate for time-to-threshold (default: 90%% of the best final mean)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    return p
+
+
+def out_dir(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else Path("plots") / Path(args.path).resolve().name
+
+
+def cmd_plot(argv: list[str]) -> int:
+    args = parser("plot", "Plot a sweep: pass rate, time to threshold, staleness, throughput, reward.").parse_args(argv)
+
+    def go() -> int:
+        from .plots import plot_sweep
+
+        for path in plot_sweep(args.path, out_dir(args), args.threshold):
+            print(path)
+        return 0
+    return guarded(args.debug, go)
+
+
+def cmd_report(argv: list[str]) -> int:
+    args = parser("report", "Write report.md: a table per configuration and the figures.").parse_args(argv)
+
+    def go() -> int:
+        from .plots import FILES
+        from .report import write_report
+
+        report = write_report(args.path, out_dir(args), args.threshold)
+        for name in FILES:
+            print(report.parent / name)
+        print(report)
+        return 0
+    return guarded(args.debug, go)
+

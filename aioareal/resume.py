@@ -1,0 +1,57 @@
+"""`--resume runs/NAME`: continue an interrupted run from its latest checkpoint.
+
+The run's saved config is the base; flags and overrides may extend it (more `train.steps`, another
+display), but a change to anything that shapes the training itself is refused unless forced: a
+resumed run that silently trains under a different config is not the run it claims to be.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from . import checkpoint
+from .config import Config, load_config, to_dict
+from .errors import UserError
+
+# Keys a resume may change without --force: they do not change what is being trained.
+SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
+                  "reward.workers", "run.run_dir"}
+
+
+def changed_keys(before: Config, after: Config) -> list[str]:
+    a, b = to_dict(before), to_dict(after)
+    return [f"{section}.{key}" for section in a for key in a[section] if a[section][key] != b[section][key]]
+
+
+def resume_config(run_dir: Path, overrides: list[str], flags: dict[str, Any], force: bool) -> Config:
+    saved_path = run_dir / "config.yaml"
+    if not run_dir.is_dir() or not saved_path.is_file():
+        raise UserError(f"--resume {run_dir}: not a run directory (no config.yaml inside)")
+    saved = load_config(saved_path)
+    config = load_config(saved_path, overrides, {**flags, "run.run_dir": str(run_dir)})
+    risky = [k for k in changed_keys(saved, config) if k not in SAFE_TO_CHANGE]
+    if risky and not force:
+        raise UserError(f"--resume {run_dir}: the config differs from the run's in {', '.join(risky)}; "
+                        "pass --force to resume under the new config anyway")
+    return config
+
+
+def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[str, Any] | None = None,
+           force: bool = False, log: Callable[[str], None] = print,
+           printer: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    from .run import DONE_FILE, train
+
+    run_dir = Path(run_dir)
+    config = resume_config(run_dir, overrides or [], flags or {}, force)
+    latest = checkpoint.latest_checkpoint(run_dir)
+    if latest is None:
+        log(f"{run_dir}: no checkpoint yet, starting it over")
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+        return train(config, log, printer)
+    step = checkpoint.load_state(latest).step
+    if step >= config.train.steps:
+        log(f"{run_dir}: already finished ({step} steps)")
+        return run_dir
+    (run_dir / DONE_FILE).unlink(missing_ok=True)
+    return train(config, log, printer, resume_from=latest)
