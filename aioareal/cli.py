@@ -6,6 +6,7 @@ with exit code 2; `--debug` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
@@ -27,6 +28,7 @@ def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="output directory (default runs/<mode>-<objective>-<time>)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint")
     p.add_argument("--force", action="store_true", help="with --resume: accept a changed config")
+    p.add_argument("--no-dashboard", action="store_true", help="one plain line per step instead of the dashboard")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p
@@ -35,7 +37,7 @@ def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
 def flags_of(args: argparse.Namespace) -> dict[str, object]:
     return {"rollout.mode": args.mode, "rollout.max_staleness": args.max_staleness,
             "algo.objective": args.objective, "train.steps": args.steps, "run.seed": args.seed,
-            "run.run_dir": args.run_dir}
+            "run.run_dir": args.run_dir, "run.dashboard": "off" if args.no_dashboard else None}
 
 
 def load(args: argparse.Namespace):
@@ -131,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
-                                                         "report": experiments("cmd_report"), "bench": bench}
-    if argv and argv[0] in commands:
-        return commands[argv[0]](argv[1:])
-    return cmd_train(argv)
+                                                         "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
+                                                         "bench": bench}
+    try:
+        return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
+    except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -55,12 +55,3 @@ class RunHooks:
         await parts.trainer.call(write)
         self.last_checkpoint = step
 
-
-def format_row(row: dict[str, Any]) -> str:
-    parts = [f"step {row['step']:>4}", f"t {row['time']:7.1f}s"]
-    for key, label, fmt in (("reward_mean", "reward", ".3f"), ("loss", "loss", "+.4f"), ("kl", "kl", ".4f"),
-                            ("staleness_mean", "stale", ".2f"), ("gen_tokens_per_s", "gen tok/s", ".0f"),
-                            ("eval_pass_rate", "eval", ".3f")):
-        if row.get(key) is not None:
-            parts.append(f"{label} {row[key]:{fmt}}")
-    return " | ".join(parts)

@@ -38,7 +38,8 @@ def resume_config(run_dir: Path, overrides: list[str], flags: dict[str, Any], fo
 
 def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[str, Any] | None = None,
            force: bool = False, log: Callable[[str], None] = print,
-           printer: Callable[[dict[str, Any]], None] | None = None) -> Path:
+           printer: Callable[[dict[str, Any]], None] | None = None,
+           header_fn: Callable[[], str] | None = None) -> Path:
     from .run import DONE_FILE, train
 
     run_dir = Path(run_dir)
@@ -48,10 +49,10 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
         log(f"{run_dir}: no checkpoint yet, starting it over")
         for name in ("metrics.jsonl", "samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
-        return train(config, log, printer)
+        return train(config, log, printer, header_fn=header_fn)
     step = checkpoint.load_state(latest).step
     if step >= config.train.steps:
         log(f"{run_dir}: already finished ({step} steps)")
         return run_dir
     (run_dir / DONE_FILE).unlink(missing_ok=True)
-    return train(config, log, printer, resume_from=latest)
+    return train(config, log, printer, resume_from=latest, header_fn=header_fn)

@@ -3,6 +3,7 @@ the config, `train` runs the orchestrator on an event loop, `cleanup` releases t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import signal
 import sys
@@ -19,7 +20,8 @@ from .config import Config, dump_yaml, save_config
 from .errors import UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
-from .hooks import RunHooks, format_row
+from .dashboard import Dashboard, plain_line, wants_dashboard
+from .hooks import RunHooks
 from .io import atomic_write_text
 from .live import LiveState
 from .metrics import RunLog
@@ -206,6 +208,14 @@ def cleanup(parts: Parts) -> None:
     parts.log.close()
 
 
+def step_printer(log: Callable[[str], None], steps: int, evals_only: bool) -> Callable[[dict[str, Any]], None]:
+    """One plain line per step; above a dashboard (which shows the rest) only evaluation steps."""
+    def print_row(row: dict[str, Any]) -> None:
+        if not evals_only or row.get("eval_pass_rate") is not None:
+            log(plain_line(row, steps))
+    return print_row
+
+
 def check_fresh_run_dir(run_dir: Path) -> None:
     if (run_dir / "metrics.jsonl").exists() or checkpoint.list_checkpoints(run_dir):
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
@@ -213,8 +223,11 @@ def check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def train(config: Config, log: Callable[[str], None] = print,
-          printer: Callable[[dict[str, Any]], None] | None = None, resume_from: Path | None = None) -> Path:
-    """Run a training job to completion (or continue one from a checkpoint); returns the run dir."""
+          printer: Callable[[dict[str, Any]], None] | None = None, resume_from: Path | None = None,
+          header_fn: Callable[[], str] | None = None) -> Path:
+    """Run a training job to completion (or continue one from a checkpoint); returns the run dir.
+    Progress goes to the live dashboard on a terminal, else one plain line per step (`printer`
+    replaces both); `header_fn` adds a line above the dashboard (the sweep's progress)."""
     run_dir = Path(config.run.run_dir) if config.run.run_dir else default_run_dir(config)
     if resume_from is None:
         check_fresh_run_dir(run_dir)
@@ -224,8 +237,12 @@ def train(config: Config, log: Callable[[str], None] = print,
     parts = setup(config, run_dir, log, resume_from)
     if resume_from is not None:
         log(f"resuming {run_dir} from step {parts.start_step}")
+    dashboard = printer is None and wants_dashboard(config.run.dashboard)
+    if printer is None:
+        printer = step_printer(log, config.train.steps, evals_only=dashboard)
     try:
-        orchestrator = run_event_loop(orchestrate(parts, printer or (lambda row: log(format_row(row)))))
+        with Dashboard(parts.live.snapshot, header_fn=header_fn) if dashboard else contextlib.nullcontext():
+            orchestrator = run_event_loop(orchestrate(parts, printer))
     finally:
         cleanup(parts)
     if orchestrator.train.version >= config.train.steps:

@@ -159,6 +159,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for key, value in dotted.items():
         section, _, name = key.partition(".")
         nested.setdefault(section, {})[name] = value
+    rollout = nested.get("rollout", {})
+    if "mode" in rollout and "max_staleness" not in rollout:
+        # `--mode sync` on an async config means sync with its own K, not the file's K.
+        layers.get("rollout", {}).pop("max_staleness", None)
     merge_nested(layers, nested, "cli")
     return build(layers)
 

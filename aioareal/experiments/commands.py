@@ -51,3 +51,32 @@ def cmd_report(argv: list[str]) -> int:
         return 0
     return guarded(args.debug, go)
 
+
+
+def cmd_sweep(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m aioareal sweep",
+                                description="Run a grid of runs (skips finished ones, resumes unfinished ones).")
+    p.add_argument("spec", help="sweep file, e.g. configs/sweeps/staleness-tiny.yaml")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their status, run nothing")
+    p.add_argument("--runs-root", default="runs", help="parent of the sweep directory (default runs)")
+    p.add_argument("--report", action="store_true", help="write plots and report.md to plots/<name>/ at the end")
+    p.add_argument("--no-dashboard", action="store_true", help="one plain line per step instead of the dashboard")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    args = p.parse_args(argv)
+
+    def go() -> int:
+        from .sweep import plan, run_sweep
+
+        if args.dry_run:
+            name, runs = plan(args.spec, args.runs_root)
+            print(f"sweep {name}: {len(runs)} runs under {Path(args.runs_root) / name}")
+            for run in runs:
+                print(f"  {run.name:<40} {run.status}")
+            return 0
+        sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None)
+        if args.report:
+            from .report import write_report
+
+            print(write_report(sweep_dir, Path("plots") / sweep_dir.name))
+        return 0
+    return guarded(args.debug, go)

@@ -1,0 +1,134 @@
+"""`python -m aioareal sweep configs/sweeps/NAME.yaml`: a grid of runs over a base config.
+
+    name: staleness-tiny          # runs go to runs/<name>/<run>/
+    base: ../tiny-arith.yaml      # optional, relative to this file
+    set: {train.steps: 120}       # applied to every run
+    cases:                        # explicit configurations (keys that must change together)
+      - {rollout.mode: sync}
+      - {rollout.mode: async, rollout.max_staleness: 4}
+    grid: {algo.objective: [ppo, dg]}   # cartesian product with the cases
+    seeds: [0, 1]
+
+Runs execute one after another in this process (the design is one process, one event loop).
+Re-running a sweep skips finished runs (a DONE file), resumes unfinished ones from their latest
+checkpoint and starts the rest, so an interrupted sweep ends with exactly the runs and steps it
+would have had.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from .. import checkpoint
+from ..config import Config, load_config
+from ..errors import UserError
+from ..run import DONE_FILE
+
+SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
+ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
+SPEC_KEYS = {"name", "base", "set", "cases", "grid", "seeds"}
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    run_dir: Path
+    config: Config
+    values: dict[str, Any]  # the keys this run sets beyond the base
+
+    @property
+    def status(self) -> str:
+        if (self.run_dir / DONE_FILE).exists():
+            return "done"
+        latest = checkpoint.latest_checkpoint(self.run_dir)
+        if latest is not None:
+            return f"resume from step {checkpoint.load_state(latest).step}"
+        return "restart" if (self.run_dir / "config.yaml").exists() else "new"
+
+
+def read_spec(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"sweep file not found: {path}")
+    spec = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(spec, dict):
+        raise UserError(f"{path}: expected a mapping with name, base, set, cases, grid, seeds")
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise UserError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))} "
+                        f"(expected {', '.join(sorted(SPEC_KEYS))})")
+    if not isinstance(spec.get("grid", {}), dict) or not all(isinstance(v, list) for v in spec.get("grid", {}).values()):
+        raise UserError(f"{path}: 'grid' must map config keys to lists of values")
+    return spec
+
+
+def _label(values: dict[str, Any], varying: list[str]) -> str:
+    parts = [f"{SHORT.get(k, k.split('.')[-1])}={values[k]}" for k in varying if k in values]
+    return "_".join(parts).replace("/", "-") or "run"
+
+
+def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[PlannedRun]]:
+    """Every run of the sweep with its validated config (an invalid point fails before any runs)."""
+    path = Path(path)
+    spec = read_spec(path)
+    name = spec.get("name") or path.stem
+    base = (path.parent / spec["base"]) if spec.get("base") else None
+    cases = spec.get("cases") or [{}]
+    grid = spec.get("grid") or {}
+    seeds = spec.get("seeds") or [0]
+    points = []
+    for case, combo, seed in itertools.product(cases, itertools.product(*grid.values()), seeds):
+        points.append({**case, **dict(zip(grid, combo)), "run.seed": seed})
+    keys = sorted(dict.fromkeys(k for p in points for k in p), key=lambda k: ORDER.get(k, len(ORDER) - 1.5))
+    varying = [k for k in keys if len({repr(p.get(k)) for p in points}) > 1]
+    runs, seen = [], set()
+    for values in points:
+        run_name = _label(values, varying)
+        if run_name in seen:
+            raise UserError(f"{path}: two runs would share the name '{run_name}' (duplicate grid points?)")
+        seen.add(run_name)
+        run_dir = Path(runs_root) / name / run_name
+        flags = {**(spec.get("set") or {}), **values, "run.run_dir": str(run_dir)}
+        try:
+            config = load_config(base, flags=flags)
+        except UserError as e:
+            raise UserError(f"{path}: run '{run_name}': {e}") from None
+        runs.append(PlannedRun(run_name, run_dir, config, values))
+    return name, runs
+
+
+def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[str], None] = print,
+              dashboard: str | None = None) -> Path:
+    from ..resume import resume
+    from ..run import train
+
+    name, runs = plan(path, runs_root)
+    started = time.monotonic()
+    for i, run in enumerate(runs, 1):
+        status = run.status
+        header = f"sweep {name}: run {i}/{len(runs)} {run.name} ({status}) · elapsed {_hms(time.monotonic() - started)}"
+        log(header)
+        if status == "done":
+            continue
+        config = run.config
+        if dashboard:
+            config.run.dashboard = dashboard
+        progress = lambda i=i, run=run: (f"sweep {name} · run {i}/{len(runs)} {run.name} · "  # noqa: E731
+                                         f"elapsed {_hms(time.monotonic() - started)}")
+        if status == "new":
+            train(config, log=log, header_fn=progress)
+        else:
+            overrides = {"run.dashboard": config.run.dashboard} if dashboard else {}
+            resume(run.run_dir, flags=overrides, log=log, header_fn=progress)
+    log(f"sweep {name}: {len(runs)} runs in {Path(runs_root) / name}")
+    return Path(runs_root) / name
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"

@@ -1,0 +1,79 @@
+"""Sweeps: grid expansion, and an interrupted sweep that finishes with exactly the runs and steps
+it would have had without the interruption."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aioareal.errors import UserError
+from aioareal.experiments.sweep import plan
+
+SPEC = """
+name: mini
+base: {base}
+set: {{train.steps: 4, algo.batch_groups: 4, eval.every: 2, run.checkpoint_every: 1, run.dashboard: "off"}}
+cases:
+  - {{rollout.mode: sync}}
+  - {{rollout.mode: async, rollout.max_staleness: 2}}
+seeds: [0, 1]
+"""
+
+
+def write_spec(tmp_path: Path, text: str = SPEC) -> Path:
+    path = tmp_path / "mini.yaml"
+    base = Path(__file__).resolve().parents[1] / "configs" / "tiny-arith.yaml"
+    path.write_text(text.format(base=base))
+    return path
+
+
+def test_plan_expands_cases_grid_and_seeds(tmp_path):
+    spec = write_spec(tmp_path, SPEC.replace("seeds: [0, 1]", "grid: {{algo.objective: [ppo, dg]}}\nseeds: [0, 1]"))
+    name, runs = plan(spec, tmp_path / "runs")
+    assert name == "mini" and len(runs) == 8
+    assert runs[0].name == "mode=sync_obj=ppo_seed=0"
+    assert {r.config.rollout.max_staleness for r in runs if r.config.rollout.mode == "async"} == {2}
+    assert all(r.config.train.steps == 4 and r.status == "new" for r in runs)
+    assert runs[-1].run_dir == tmp_path / "runs" / "mini" / "mode=async_K=2_obj=dg_seed=1"
+
+
+def test_invalid_points_fail_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match="run 'mode=sync_K=3_seed=0': config key 'rollout.max_staleness'"):
+        plan(write_spec(tmp_path, SPEC.replace("{{rollout.mode: sync}}", "{{rollout.mode: sync, rollout.max_staleness: 3}}")))
+    with pytest.raises(UserError, match="unknown sweep key"):
+        plan(write_spec(tmp_path, SPEC + "\ngrids: {{}}\n"))
+
+
+def sweep(spec: Path, root: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "aioareal", "sweep", str(spec), "--runs-root", str(root),
+                             "--no-dashboard"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_finishes_with_exactly_its_runs_and_steps(tmp_path, tiny_model_path):
+    spec, root = write_spec(tmp_path), tmp_path / "runs"
+    proc = sweep(spec, root)
+    first = root / "mini" / "mode=sync_seed=1" / "metrics.jsonl"
+    while not first.exists() or len(first.read_text().splitlines()) < 3:  # kill inside the second run
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    out, err = sweep(spec, root).communicate(timeout=600)
+    assert "run 1/4 mode=sync_seed=0 (done)" in out, err
+    assert "run 2/4 mode=sync_seed=1 (resume from step" in out
+    for run in ("mode=sync_seed=0", "mode=sync_seed=1", "mode=async_K=2_seed=0", "mode=async_K=2_seed=1"):
+        rows = [json.loads(line) for line in (root / "mini" / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [0, 1, 2, 3, 4], run
+        assert (root / "mini" / run / "DONE").exists()
+    assert sorted(p.name for p in (root / "mini").iterdir()) == sorted(
+        ["mode=sync_seed=0", "mode=sync_seed=1", "mode=async_K=2_seed=0", "mode=async_K=2_seed=1"])
+    out, _ = sweep(spec, root).communicate(timeout=120)  # a third time: nothing left to do
+    assert out.count("(done)") == 4
