@@ -29,9 +29,9 @@ from .models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from .orchestrator import EngineWorker, Orchestrator, Schedule, TrainerWorker
 from .orchestrator.loop import Resume
 from .prompts import PromptSource
-from .rewards import RewardService, per_item
+from .rewards import RewardService
 from .samples import Group
-from .tasks import PromptRenderer, build_task
+from .tasks import PromptRenderer, build_scorer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
 from .weightsync import WeightSync
@@ -82,14 +82,27 @@ def model_path(config: Config, log: Callable[[str], None]) -> str:
     return config.model.name
 
 
-def prompt_encoder(renderer: PromptRenderer, limit: int, skip_bad: bool) -> Callable[[Example], list[int]]:
-    def encode(example: Example) -> list[int]:
-        ids = renderer.ids(example)
-        if len(ids) > limit:
-            raise UserError(f"prompt of example {example.uid} has {len(ids)} tokens, more than "
-                            f"data.max_prompt_tokens={limit}; raise it or shorten the prompt")
-        return ids
-    return encode
+def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int, skip_bad: bool,
+                   split: str, log: Callable[[str], None]) -> tuple[list[Example], dict[str, list[int]]]:
+    """Tokenise every prompt once, up front, so a prompt longer than the context is reported (or,
+    with data.skip_bad_rows, skipped and counted) before training starts, not hours into it."""
+    kept, ids, too_long = [], {}, []
+    for example in examples:
+        tokens = renderer.ids(example)
+        if len(tokens) > limit:
+            too_long.append((example.uid, len(tokens)))
+            continue
+        kept.append(example)
+        ids[example.uid] = tokens
+    if too_long and not skip_bad:
+        uid, n = too_long[0]
+        raise UserError(f"{split} prompt '{uid}' has {n} tokens, more than data.max_prompt_tokens={limit} "
+                        f"({len(too_long)} such prompts); raise the limit or set data.skip_bad_rows=true")
+    if too_long:
+        log(f"skipped {len(too_long)} {split} prompts longer than data.max_prompt_tokens={limit}")
+    if not kept:
+        raise UserError(f"no {split} prompts left (all {len(examples)} are longer than data.max_prompt_tokens)")
+    return kept, ids
 
 
 def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
@@ -105,8 +118,13 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     tokenizer = load_tokenizer(path, config.model.trust_remote_code)
     chat = task.chat if config.data.chat_template is None else config.data.chat_template
     renderer = PromptRenderer(tokenizer, chat, config.data.system_prompt, config.data.prompt_template)
-    encode = prompt_encoder(renderer, config.data.max_prompt_tokens, config.data.skip_bad_rows)
-    eval_set = EvalSet(eval_examples, [encode(e) for e in eval_examples])
+    limit, skip = config.data.max_prompt_tokens, config.data.skip_bad_rows
+    train_examples, train_ids = encode_prompts(train_examples, renderer, limit, skip, "training", log)
+    if eval_examples:
+        eval_examples, eval_ids = encode_prompts(eval_examples, renderer, limit, skip, "held-out", log)
+        eval_set = EvalSet(eval_examples, [eval_ids[e.uid] for e in eval_examples])
+    else:
+        eval_set = EvalSet([], [])
 
     policy = str(resume_from / "policy") if resume_from else path
     gen_model = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device,
@@ -137,9 +155,9 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
         result = evaluate(train_model, eval_set, task.score, decode, eos, eval_tokens)
         return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
 
-    from .tasks import build_scorer; rewards = RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)  # noqa: E702,E501 TODO(lead): hoist the import
+    rewards = RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)
     state = checkpoint.load_state(resume_from) if resume_from else None
-    prompts = PromptSource(train_examples, encode, seed=config.run.seed * 7919 + config.data.shuffle_seed,
+    prompts = PromptSource(train_examples, lambda e: train_ids[e.uid], seed=config.run.seed * 7919 + config.data.shuffle_seed,
                            cursor=state.cursor if state else 0)
     resume = None
     if state is not None:

@@ -38,17 +38,20 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = doc("arithmetic | gsm8k | file (rows from data.path) | hub (rows from data.hub_name)", "arithmetic")
-    path: str | None = doc("local dataset file (JSONL/JSON/CSV/Parquet); for gsm8k overrides the hub", None)
-    hub_name: str | None = doc("datasets hub name (gsm8k default: openai/gsm8k)", None)
+    path: str | None = doc("local dataset file (JSONL/JSON/CSV/Parquet): the rows of data.task=file; for gsm8k "
+                           "overrides the hub", None)
+    hub_name: str | None = doc("datasets hub name: the rows of data.task=hub (gsm8k default: openai/gsm8k)", None)
     hub_config: str | None = doc("datasets config name (gsm8k: main)", None)
     split: str = doc("training split", "train")
     eval_split: str | None = doc("held-out split; none = carve data.eval_size rows off the training rows", None)
     eval_path: str | None = doc("local file for the held-out split", None)
     eval_size: int = doc("held-out prompts used for evaluation", 200)
-    prompt_field: str = doc("row field with the question", "question")
-    answer_field: str = doc("row field with the reference answer", "answer")
+    prompt_field: str = doc("row field with the prompt text", "question")
+    answer_field: str = doc("row field with the reference answer (file/hub tasks: optional with reward.functions)",
+                            "answer")
     prompt_template: str | None = doc("raw template with {field} placeholders (instead of the chat template)", None)
-    chat_template: bool | None = doc("wrap prompts with the tokenizer's chat template (default: task's choice)", None)
+    chat_template: bool | None = doc("wrap prompts with the tokenizer's chat template (default: the task's choice; "
+                                    "file/hub tasks use it unless data.prompt_template is set)", None)
     system_prompt: str | None = doc("system message for chat prompts", None)
     max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
     skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
@@ -66,7 +69,8 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    functions: list[str] = doc("reward functions by import path 'pkg.mod:fn' (empty = the task's verifier)", [])
+    functions: list[str] = doc("reward functions by import path, 'pkg.mod:fn' or 'path/file.py:fn', TRL's signature "
+                               "fn(completions, **columns) -> list[float] (empty = the task's verifier)", [])
     weights: list[float] = doc("weight per reward function (default 1 each)", [])
     workers: int = doc("reward executor threads", 4)
     timeout_s: float = doc("per-batch verifier timeout; a timeout scores 0 and is counted", 10.0)
@@ -109,8 +113,9 @@ class AlgoConfig:
     kl_coef: float = doc("k3 KL penalty to the frozen reference; 0 frees the reference model", 0.0)
     behav_cap: float = doc("decoupled: cap on pi_prox / pi_behav", 5.0)
     behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: mask tokens over the cap, or clamp the weight", "mask")
-    prox: Literal["recompute", "loglinear"] = doc(
-        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions", "recompute")
+    prox: Literal["recompute", "loglinear", "none"] = doc(
+        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions; "
+        "none computes no proximal policy (ppo and dg need none)", "recompute")
     dg_eta: float = doc("Delightful PG gate temperature", 1.0)
     lr: float = doc("AdamW learning rate", 1e-4)
     weight_decay: float = doc("AdamW weight decay", 0.0)
@@ -130,6 +135,8 @@ class AlgoConfig:
         check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
         check(self.behav_cap > 1, "algo.behav_cap", f"must be > 1, got {self.behav_cap}")
         check(self.dg_eta > 0, "algo.dg_eta", f"must be > 0, got {self.dg_eta}")
+        check(self.objective != "decoupled" or self.prox != "none", "algo.prox",
+              "the decoupled objective needs a proximal policy: set algo.prox to recompute or loglinear")
         check(self.lr > 0, "algo.lr", f"must be > 0, got {self.lr}")
         check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
 

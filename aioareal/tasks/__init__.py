@@ -1,16 +1,48 @@
-"""Tasks: prompt sources and verifiers (synthetic arithmetic, GSM8K, users' own)."""
+"""Tasks: prompt sources and verifiers (synthetic arithmetic, GSM8K, users' own files and hub sets).
+
+Every task, built-in or not, goes through one path: `build_task` makes it from the config and, when
+`reward.functions` are configured, wraps it so those functions score training and evaluation alike;
+`build_scorer` gives the reward service the batch form of that score.
+"""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import ConfigError
 from .arithmetic import ArithmeticTask
 from .base import Example, PromptRenderer, Task
+from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions
 
-BUILTIN = ("arithmetic", "gsm8k")
+if TYPE_CHECKING:
+    from ..rewards import BatchScorer
+
+BUILTIN = ("arithmetic", "gsm8k", "file", "hub")
 
 
 def build_task(config: Config) -> Task:
+    task = _base_task(config)
+    if not config.reward.functions:
+        return task
+    rewards = WeightedRewards(load_reward_functions(config.reward.functions), config.reward.weights)
+    return RewardedTask(task, rewards)
+
+
+def build_scorer(config: Config, task: Task) -> "BatchScorer":
+    """The reward service's scorer: the configured reward functions in batch form, else the task's score."""
+    from ..rewards import per_item  # here, not above: rewards imports tasks.base
+
+    if isinstance(task, RewardedTask):
+        return task.rewards
+    if config.reward.functions:  # a task built by hand rather than by build_task
+        return WeightedRewards(load_reward_functions(config.reward.functions), config.reward.weights)
+    return per_item(task.score)
+
+
+def _base_task(config: Config) -> Task:
     d = config.data
+    if d.task in ("file", "hub"):
+        return _custom_task(config)
     if d.task == "arithmetic":
         return ArithmeticTask(d.arith_digits, d.arith_ops, d.eval_size, d.shuffle_seed)
     if d.task == "gsm8k":
@@ -24,4 +56,27 @@ def build_task(config: Config) -> Task:
     raise ConfigError("data.task", f"unknown task '{d.task}' (built in: {', '.join(BUILTIN)})")
 
 
-__all__ = ["ArithmeticTask", "Example", "PromptRenderer", "Task", "build_task"]
+def _custom_task(config: Config) -> Task:
+    from .custom import CustomTask
+    from .rows import RowSource
+
+    d = config.data
+    if d.task == "file":
+        if d.path is None:
+            raise ConfigError("data.path", "data.task=file reads its rows from data.path (.jsonl/.json/.csv/.parquet)")
+        if d.eval_split is not None:
+            raise ConfigError("data.eval_split", "applies to data.task=hub; for a file task set data.eval_path")
+    elif d.hub_name is None:
+        raise ConfigError("data.hub_name", "data.task=hub needs a datasets hub name (and data.hub_config, data.split)")
+    elif d.path is not None:
+        raise ConfigError("data.path", "is set but data.task=hub; use data.task=file to read a local file")
+    source = RowSource(path=d.path if d.task == "file" else None, hub_name=d.hub_name, hub_config=d.hub_config,
+                       split=d.split, eval_split=d.eval_split, eval_path=d.eval_path, eval_size=d.eval_size,
+                       seed=d.shuffle_seed, skip_bad_rows=d.skip_bad_rows,
+                       fields=(d.prompt_field,) if config.reward.functions else (d.prompt_field, d.answer_field))
+    return CustomTask(source, name=d.task, prompt_field=d.prompt_field, answer_field=d.answer_field,
+                      answer_required=not config.reward.functions, chat=d.prompt_template is None,
+                      timeout_s=config.reward.timeout_s)
+
+
+__all__ = ["ArithmeticTask", "Example", "PromptRenderer", "Task", "build_scorer", "build_task"]

@@ -33,6 +33,22 @@ class MicroBatch:
     def padded_tokens(self) -> int:
         return self.input_ids.numel()
 
+    def halves(self) -> list["MicroBatch"]:
+        """Split the rows in two (after an out-of-memory error); a single row stays whole."""
+        b = self.input_ids.shape[0]
+        if b == 1:
+            return [self]
+        cut = b // 2
+        return [self._rows(slice(0, cut)), self._rows(slice(cut, b))]
+
+    def _rows(self, rows: slice) -> "MicroBatch":
+        mask = self.loss_mask[rows]
+        pick = lambda t: None if t is None else t[rows]  # noqa: E731
+        return MicroBatch(self.input_ids[rows], self.attention_mask[rows], mask, self.behav_logp[rows],
+                          self.versions[rows], self.advantages[rows],
+                          real_tokens=int(self.attention_mask[rows].sum()), completion_tokens=int(mask.sum()),
+                          prox_logp=pick(self.prox_logp), ref_logp=pick(self.ref_logp))
+
 
 def plan(lengths: list[int], budget: int) -> list[list[int]]:
     """Indices of each micro-batch: sorted by length, rows x max_len <= budget (a longer

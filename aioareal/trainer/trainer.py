@@ -13,14 +13,18 @@ from transformers import PreTrainedModel
 
 from .. import losses
 from ..config import Config
+from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .logprobs import token_logprobs
 from .objective import Totals, micro_loss
 
 
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates had a non-finite loss or gradient."""
+class NonFiniteError(UserError):
+    """Too many consecutive updates had a non-finite loss or gradient: the run stops (exit code 3)
+    with its last checkpoint intact, since no checkpoint is written after a failed step."""
+
+    exit_code = 3
 
 
 class Trainer:
@@ -41,6 +45,8 @@ class Trainer:
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
         self.version = 0
+        self.micro_batch_tokens = config.train.micro_batch_tokens  # halved for good after an OOM
+        self.oom_retries = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
         self.max_consecutive_skips = 5
@@ -66,7 +72,7 @@ class Trainer:
         m = self.algo.minibatches
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
-        budget = self.cfg.train.micro_batch_tokens
+        budget = self.micro_batch_tokens
         return [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
 
     @torch.no_grad()
@@ -99,19 +105,44 @@ class Trainer:
         totals = Totals(tokens=float(sum(mb.completion_tokens for mb in part)),
                         seqs=float(sum(mb.input_ids.shape[0] for mb in part)),
                         constant=float(self.cfg.generation.max_new_tokens))
+        while True:
+            try:
+                self._accumulate(part, totals, theta_version, sums)
+                break
+            except torch.cuda.OutOfMemoryError:
+                part = self._split_after_oom(part)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
+        self._optimizer_step(norm)
+        return norm
+
+    def _accumulate(self, part: list[MicroBatch], totals: Totals, theta_version: float,
+                    sums: dict[str, torch.Tensor]) -> None:
+        """Forward and backward every micro-batch of a mini-batch; gradients add up."""
         self.optimizer.zero_grad(set_to_none=True)
+        step_sums: dict[str, torch.Tensor] = {}
         for mb in part:
             logp, entropy = self._logprobs(self.model, mb)
             loss, stats = micro_loss(self.algo, mb, logp.float(), totals, self.version, theta_version)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             stats.update(loss=loss.detach(), entropy=(entropy * mb.loss_mask).sum(), tokens=mb.loss_mask.sum())
             for key, value in stats.items():
-                sums[key] = sums.get(key, 0) + value.float()
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
-        self._optimizer_step(norm)
-        return norm
+                step_sums[key] = step_sums.get(key, 0) + value.float()
+        for key, value in step_sums.items():  # only a mini-batch that completed counts
+            sums[key] = sums.get(key, 0) + value
+
+    def _split_after_oom(self, part: list[MicroBatch]) -> list[MicroBatch]:
+        """Out of memory in a micro-batch: halve every micro-batch (and the budget) and retry."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if all(mb.input_ids.shape[0] == 1 for mb in part):
+            raise UserError("out of memory on a single sequence; lower data.max_prompt_tokens or "
+                            "generation.max_new_tokens, or enable model.gradient_checkpointing")
+        self.oom_retries += 1
+        self.micro_batch_tokens = max(1, self.micro_batch_tokens // 2)
+        return [half for mb in part for half in mb.halves()]
 
     def _optimizer_step(self, norm: torch.Tensor) -> None:
         if self.scaler:  # the scaler skips non-finite steps itself
@@ -150,6 +181,7 @@ class Trainer:
             "padding_frac": 1.0 - sum(mb.real_tokens for mb in mbs) / sum(mb.padded_tokens for mb in mbs),
             "micro_batches": len(mbs),
             "skipped_updates": self.skipped_updates,
+            "oom_retries": self.oom_retries,
         }
         if "capped" in total:
             out["capped_frac"] = total["capped"] / tokens

@@ -1,0 +1,263 @@
+"""Reward functions by import path, in TRL's convention, unchanged.
+
+`reward.functions=[mypkg.rewards:exact, ./my_rewards.py:brevity]` names functions with TRL's
+GRPOTrainer signature, `fn(completions, **kwargs) -> list[float]`, called on a batch (one prompt's
+group): `completions` are the decoded completions (strings), `prompts` the examples' prompts, and
+every other column of the dataset rows comes as a list aligned with `completions`, so
+`def exact(completions, answer, **kwargs)` works as written for TRL. A function without `**kwargs`
+gets only the columns it names. `async def` functions are run to completion with `asyncio.run` in
+the reward service's worker thread (a fresh event loop per call), under the service's timeout.
+
+The reward is the weighted sum over functions (`reward.weights`, default 1 each). As in TRL, an
+entry of None (or NaN) means "does not apply to this sample" and adds nothing. A function that
+raises or returns the wrong length or a non-number fails its batch (the reward service scores it 0
+and counts it); `check` calls every function once on training rows before training starts, so a
+wrong signature or return value is a one-line error instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import sys
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from ..errors import UserError
+from .base import Example, Task
+
+TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
+RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns
+_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+class RewardFunctionError(UserError):
+    """A reward function cannot be loaded, cannot be called, or returned something unusable."""
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    spec: str  # as configured: 'pkg.mod:fn' or 'path/to/file.py:fn'
+    fn: Callable[..., Any]
+    accepts: frozenset[str] | None  # keyword arguments it takes; None: any (it has **kwargs)
+    required: frozenset[str]  # arguments without defaults, besides completions
+
+    def __call__(self, completions: list[str], columns: dict[str, list[Any]]) -> list[float | None]:
+        kwargs = columns if self.accepts is None else {k: v for k, v in columns.items() if k in self.accepts}
+        missing = sorted(self.required - kwargs.keys())
+        if missing:
+            raise RewardFunctionError(
+                f"reward function '{self.spec}' needs argument(s) {', '.join(map(repr, missing))}, which the "
+                f"rows lack (it can take: completions, {', '.join(columns)})")
+        result = self.fn(completions=completions, **kwargs)
+        if inspect.isawaitable(result):
+            result = run_to_completion(result)
+        return self._values(result, len(completions))
+
+    def _values(self, result: Any, n: int) -> list[float | None]:
+        if hasattr(result, "tolist"):  # numpy array or torch tensor
+            result = result.tolist()
+        if isinstance(result, (str, bytes, dict)) or not hasattr(result, "__len__"):
+            raise RewardFunctionError(f"reward function '{self.spec}' returned {type(result).__name__}, expected "
+                                      f"a list of {n} numbers (one per completion)")
+        if len(result) != n:
+            raise RewardFunctionError(f"reward function '{self.spec}' returned {len(result)} values for {n} "
+                                      f"completions (expected one per completion)")
+        return [self._number(x, i) for i, x in enumerate(result)]
+
+    def _number(self, x: Any, i: int) -> float | None:
+        if x is None:
+            return None
+        if not isinstance(x, numbers.Real) or math.isinf(x):
+            raise RewardFunctionError(f"reward function '{self.spec}' returned {x!r} at index {i}, expected a "
+                                      f"finite number (or None: does not apply)")
+        return None if math.isnan(x) else float(x)
+
+
+def run_to_completion(awaitable: Awaitable[Any]) -> Any:
+    """Result of an async reward function, from a synchronous caller (a reward worker thread)."""
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: no loop in this thread
+        return asyncio.run(wait())
+    with ThreadPoolExecutor(1) as pool:  # called from inside a loop: asyncio.run needs a thread of its own
+        return pool.submit(asyncio.run, wait()).result()
+
+
+def batch_columns(examples: list[Example]) -> dict[str, list[Any]]:
+    """TRL's reward kwargs: each row column as a list aligned with the completions, plus `prompts`."""
+    keys = [k for k in dict.fromkeys(k for e in examples for k in e.row) if k not in RESERVED]
+    columns = {k: [e.row.get(k) for e in examples] for k in keys}
+    if "answer" not in columns and any(e.answer for e in examples):
+        columns["answer"] = [e.answer for e in examples]  # a task whose rows carry no answer column
+    columns["prompts"] = [e.prompt for e in examples]
+    return columns
+
+
+class WeightedRewards:
+    """A `BatchScorer` (rewards.RewardService's input): the weighted sum of reward functions."""
+
+    def __init__(self, functions: list[RewardFunction], weights: list[float] | None = None) -> None:
+        weights = list(weights) if weights else [1.0] * len(functions)
+        if len(weights) != len(functions):
+            raise UserError(f"reward.weights has {len(weights)} entries for {len(functions)} reward.functions")
+        self.functions, self.weights = functions, weights
+
+    def __call__(self, texts: list[str], examples: list[Example]) -> list[float]:
+        columns, totals = batch_columns(examples), [0.0] * len(texts)
+        for fn, weight in zip(self.functions, self.weights):
+            for i, value in enumerate(fn(list(texts), columns)):
+                if value is not None:
+                    totals[i] += weight * value
+        return totals
+
+    def check(self, examples: list[Example]) -> None:
+        """Call every function once on the first two rows (their answers as completions): a wrong
+        signature, return length or type is a one-line error before any model loads."""
+        sample = examples[:2]
+        texts, columns = [e.answer for e in sample], batch_columns(sample)
+        for fn in self.functions:
+            try:
+                fn(texts, columns)
+            except RewardFunctionError:
+                raise
+            except Exception as e:
+                raise RewardFunctionError(
+                    f"reward function '{fn.spec}' raised {type(e).__name__}: {_first_line(e)}{_user_frame(e)} "
+                    f"when called on the first {len(sample)} training rows (their answers as completions)"
+                ) from None
+
+
+class RewardedTask:
+    """A task whose completions the configured reward functions score, in training and in evaluation.
+
+    Evaluation averages `score` over the held-out set, so `eval_pass_rate` is the mean held-out
+    reward of greedy completions: the pass rate when the reward is 0/1. A reward function that
+    raises during evaluation scores that completion 0 (counted in `failures`), as in training.
+    """
+
+    def __init__(self, task: Task, rewards: WeightedRewards) -> None:
+        self.task, self.rewards = task, rewards
+        self.name, self.chat = task.name, task.chat
+        self.failures = 0
+        self._lock = threading.Lock()
+        self._checked = False
+
+    def splits(self) -> tuple[list[Example], list[Example]]:
+        train, held_out = self.task.splits()
+        if not self._checked:
+            self.rewards.check(train or held_out)
+            self._checked = True
+        return train, held_out
+
+    def score(self, completion: str, example: Example) -> float:
+        try:
+            return self.rewards([completion], [example])[0]
+        except Exception:
+            with self._lock:
+                self.failures += 1
+            return 0.0
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped task's extras (skipped, source, ...)
+        if name == "task":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+
+def load_reward_functions(specs: list[str]) -> list[RewardFunction]:
+    """Resolve 'pkg.mod:fn' / 'path/to/file.py:fn' specs and check they take TRL's arguments."""
+    return [_checked(spec, resolve(spec)) for spec in specs]
+
+
+def resolve(spec: str) -> Any:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise RewardFunctionError(f"reward function '{spec}': expected 'package.module:function' or "
+                                  f"'path/to/file.py:function'")
+    is_file = target.endswith(".py") or "/" in target or "\\" in target
+    module = _import_file(spec, target) if is_file else _import_module(spec, target)
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                 and getattr(v, "__module__", None) == module.__name__]
+        raise RewardFunctionError(f"reward function '{spec}': '{target}' has no attribute '{attr}' "
+                                  f"(its functions: {', '.join(names) or 'none'})") from None
+
+
+def _import_module(spec: str, name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise RewardFunctionError(
+                f"reward function '{spec}': no module named '{e.name}' (is its directory on PYTHONPATH? "
+                f"or give a file: 'path/to/{name.split('.')[-1]}.py:function')") from None
+        raise RewardFunctionError(f"reward function '{spec}': importing '{name}' failed: {_first_line(e)}") from None
+    except Exception as e:
+        raise RewardFunctionError(f"reward function '{spec}': importing '{name}' failed: "
+                                  f"{type(e).__name__}: {_first_line(e)}{_user_frame(e)}") from None
+
+
+def _import_file(spec: str, target: str) -> Any:
+    path = Path(target).expanduser().resolve()
+    if not path.is_file():
+        raise RewardFunctionError(f"reward function '{spec}': no such file {target}")
+    name = f"aioareal_rewards_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise RewardFunctionError(f"reward function '{spec}': loading {target} failed: "
+                                  f"{type(e).__name__}: {_first_line(e)}{_user_frame(e)}") from None
+    return module
+
+
+def _checked(spec: str, fn: Any) -> RewardFunction:
+    if not callable(fn):
+        raise RewardFunctionError(f"reward function '{spec}' names a {type(fn).__name__} object, not a function "
+                                  f"({TRL_SIGNATURE})")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: trust them
+        return RewardFunction(spec, fn, None, frozenset())
+    params = list(sig.parameters.values())
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    names = {p.name for p in params if p.kind in _KEYWORD}
+    positional_only = [p.name for p in params
+                       if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is p.empty]
+    if positional_only or ("completions" not in names and not var_kw):
+        raise RewardFunctionError(f"reward function '{spec}' has signature {sig}, which cannot take TRL's "
+                                  f"keyword arguments: expected {TRL_SIGNATURE}")
+    required = {p.name for p in params if p.kind in _KEYWORD and p.default is p.empty} - {"completions"}
+    return RewardFunction(spec, fn, None if var_kw else frozenset(names), frozenset(required))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def _user_frame(e: BaseException) -> str:
+    """' (at file.py:12)': the innermost frame of the traceback, where the user's code went wrong."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" (at {e.filename}:{e.lineno})"
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
