@@ -47,7 +47,7 @@ def load(args: argparse.Namespace):
 
 
 def cmd_train(argv: list[str]) -> int:
-    args = train_parser().parse_args(argv)
+    args = train_parser().parse_intermixed_args(argv)
     return guarded(args.debug, lambda: _train(args))
 
 
@@ -67,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def cmd_warmup(argv: list[str]) -> int:
-    args = train_parser("python -m aioareal warmup").parse_args(argv)
+    args = train_parser("python -m aioareal warmup").parse_intermixed_args(argv)
 
     def go() -> int:
         from .warmup import ensure_tiny
@@ -80,7 +80,7 @@ def cmd_warmup(argv: list[str]) -> int:
 def cmd_config(argv: list[str]) -> int:
     parser = train_parser("python -m aioareal config")
     parser.add_argument("--keys", action="store_true", help="list every config key with its help text")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     def go() -> int:
         from .config import dump_yaml

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import os
 import signal
 import sys
 import random
@@ -114,6 +115,8 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     train_device = resolve_device(config.rollout.train_device, "train")
     task = build_task(config)
     train_examples, eval_examples = task.splits()  # data errors surface before any model loads
+    if getattr(task, "skipped", 0):
+        log(f"skipped {task.skipped} malformed rows (data.skip_bad_rows)")
     path = model_path(config, log)
     tokenizer = load_tokenizer(path, config.model.trust_remote_code)
     chat = task.chat if config.data.chat_template is None else config.data.chat_template
@@ -138,10 +141,12 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
         ref_model = source.to(compute_dtype).eval().requires_grad_(False)
     eos = eos_token_ids(gen_model, tokenizer)
     g, a = config.generation, config.algo
-    max_len = config.data.max_prompt_tokens + g.max_new_tokens
+    # The KV cache is sized by the longest prompt actually present, not by the configured limit.
+    longest = max(len(ids) for ids in [*train_ids.values(), *eval_set.prompt_ids])
+    max_len = longest + max(g.max_new_tokens, config.eval.max_new_tokens or 0)
     limit = getattr(gen_model.config, "max_position_embeddings", max_len)
     if max_len > limit:
-        raise UserError(f"data.max_prompt_tokens + generation.max_new_tokens = {max_len} exceeds the model's "
+        raise UserError(f"the longest prompt + generation.max_new_tokens = {max_len} exceeds the model's "
                         f"context of {limit} tokens")
     engine = Engine(gen_model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
                     params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
@@ -198,7 +203,10 @@ def install_stop_signals(orchestrator: Orchestrator) -> None:
 
     def stop(signum: int) -> None:
         if orchestrator.stop_requested:
-            signal.default_int_handler(signum, None)  # raises KeyboardInterrupt
+            # Immediate exit is safe: checkpoints are renamed into place and metrics lines are
+            # single appends that a resume repairs.
+            print("exiting now", file=sys.stderr, flush=True)
+            os._exit(130)
         print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
               "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
         orchestrator.request_stop()

@@ -1,0 +1,59 @@
+"""`python -m aioareal bench {gen,train,e2e}`: throughput against the obvious baseline, measured in
+the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
+
+  gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
+  train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory)
+  e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
+
+Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
+are imported only when their bench runs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
+           "train": "train tokens/s and peak memory: chunked vs naive log-probs, packed vs padded",
+           "e2e": "samples/s and s/step of sync, one-step and async on one model"}
+
+
+def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
+    p.add_argument("--model", default=default_model,
+                   help="shape name (tiny, qwen2.5-0.5b, qwen2.5-1.5b; random weights) or a local model directory")
+    p.add_argument("--dtype", default="auto",
+                   help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda if available)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)")
+    p.add_argument("--out", help="append the JSON line of figures to this JSONL file")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m aioareal bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="bench", required=True, metavar="{gen,train,e2e}")
+    for name, help_text in BENCHES.items():
+        module = importlib.import_module(f".{name}", __name__)
+        sp = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])
+        _common(sp)
+        module.add_arguments(sp)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from ..cli import guarded
+    from .harness import emit
+
+    args = parser().parse_args(argv)
+    module = importlib.import_module(f".{args.bench}", __name__)
+
+    def go() -> int:
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        emit(module.run(args), args.out)
+        return 0
+    return guarded(args.debug, go)

@@ -1,0 +1,157 @@
+"""`bench gen`: the project's engine against Hugging Face `model.generate()` on the same model,
+prompts and sampling settings (temperature 1, top-p 1, full-vocabulary sampling), alternating in
+one process after a warm-up round.
+
+Both produce exactly `--new-tokens` tokens per sequence: the engine through forced per-sample
+`lengths` (end-of-sequence ignored), `generate()` through `min_new_tokens = max_new_tokens` (which
+masks EOS until the end). The engine prefills each prompt once and shares its KV cache across the G
+samples; `generate()` gets `num_return_sequences=G`, which expands the prompts before prefill.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+
+from ..errors import UserError
+from ..generation import Engine, GroupRequest, SamplingParams
+from .harness import (alternate, build_model, environment, kv_bytes_per_token, max_peak, median_seconds,
+                      model_label, parameter_bytes, pick_device, pick_dtype, ratio)
+from .roofline import Roofline, peak_gbps
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", type=int, default=64, help="distinct prompts (default 64)")
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt, G (default 8)")
+    p.add_argument("--prompt-len", type=int, default=32, help="random prompt tokens (default 32)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence (default 64)")
+    p.add_argument("--slots", type=int, default=0, help="engine KV-cache slots (default prompts x samples)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (default 3)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture the engine's decode steps in CUDA graphs (CUDA only; default on)")
+    p.add_argument("--peak-gbps", type=float, default=None,
+                   help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("prompts", "samples", "prompt_len", "new_tokens", "repeats"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.slots and args.slots < args.samples:
+        raise UserError(f"--slots {args.slots} cannot hold one group of --samples {args.samples}")
+
+
+def random_prompts(model: PreTrainedModel, count: int, length: int, seed: int) -> torch.Tensor:
+    """(count, length) token ids drawn uniformly from the model's vocabulary, on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (count, length), generator=g)
+
+
+def eos_ids(model: PreTrainedModel) -> list[int]:
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    eos = eos if eos is not None else model.config.eos_token_id
+    return list(eos) if isinstance(eos, (list, tuple)) else [eos if eos is not None else 0]
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
+    """Generate every group to completion; return the number of tokens sampled."""
+    for i, ids in enumerate(prompts):
+        engine.submit(GroupRequest(i, ids, samples, lengths=[new_tokens] * samples))
+    tokens = 0
+    while engine.busy:
+        for result in engine.step():
+            tokens += sum(len(c.tokens) for c in result.completions)
+    return tokens
+
+
+def generate_config(model: PreTrainedModel, samples: int, new_tokens: int) -> GenerationConfig:
+    eos = eos_ids(model)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else eos[0]
+    # top_k=0 disables HF's default top-50 truncation: both sides sample the full distribution.
+    return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens, num_return_sequences=samples, eos_token_id=eos,
+                            pad_token_id=pad, use_cache=True)
+
+
+@torch.inference_mode()
+def run_generate(model: PreTrainedModel, prompts: torch.Tensor, config: GenerationConfig) -> int:
+    out = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=config)
+    return out[:, prompts.shape[1]:].numel()  # (prompts * G, new_tokens): every sequence ran to the end
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    _check(args)
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    model = build_model(args.model, dtype, device, args.seed).eval()
+    prompts = random_prompts(model, args.prompts, args.prompt_len, args.seed)
+    sequences = args.prompts * args.samples
+    slots = args.slots or sequences
+    graphs = args.cuda_graphs and device.type == "cuda"
+    engine = Engine(model, eos_ids(model), num_slots=slots, max_len=args.prompt_len + args.new_tokens,
+                    params=SamplingParams(1.0, 1.0, args.new_tokens), seed=args.seed, cuda_graphs=graphs)
+    config = generate_config(model, args.samples, args.new_tokens)
+    prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
+    print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
+          f"{args.prompts} prompts x {args.samples} samples, {args.prompt_len}-token prompts, "
+          f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
+    runs = alternate({"engine": lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens),
+                      "generate": lambda: run_generate(model, prompts_dev, config)}, args.repeats, device)
+    result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
+    report(result)
+    return result
+
+
+def summarise(args: argparse.Namespace, model: PreTrainedModel, dtype: torch.dtype, device: torch.device,
+              slots: int, graphs: bool, runs: dict, kv_cache_bytes: int) -> dict[str, Any]:
+    eng, gen = runs["engine"], runs["generate"]
+    eng_s, gen_s = median_seconds(eng), median_seconds(gen)
+    eng_tokens, gen_tokens = eng[-1].result, gen[-1].result
+    eng_tps, gen_tps = eng_tokens / eng_s, gen_tokens / gen_s
+    sequences = args.prompts * args.samples
+    avg_context = args.prompt_len + args.new_tokens / 2
+    roof_eng = Roofline(parameter_bytes(model), kv_bytes_per_token(model, dtype), min(slots, sequences), avg_context)
+    roof_gen = Roofline(roof_eng.param_bytes, roof_eng.kv_bytes_per_token, sequences, avg_context)
+    peak = args.peak_gbps or peak_gbps(device)
+    return {
+        "bench": "gen", **environment(device), "model": model_label(args.model),
+        "dtype": str(dtype).replace("torch.", ""), "prompts": args.prompts, "samples": args.samples,
+        "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "slots": slots, "cuda_graphs": graphs,
+        "repeats": args.repeats, "engine_tokens": eng_tokens, "generate_tokens": gen_tokens,
+        "engine_s": eng_s, "generate_s": gen_s, "engine_s_rounds": [m.seconds for m in eng],
+        "generate_s_rounds": [m.seconds for m in gen], "engine_tok_s": eng_tps, "generate_tok_s": gen_tps,
+        "ratio": ratio(eng_tps, gen_tps),
+        "param_bytes": roof_eng.param_bytes, "kv_bytes_per_token": roof_eng.kv_bytes_per_token,
+        "engine_gbps": roof_eng.achieved_gbps(eng_tps), "generate_gbps": roof_gen.achieved_gbps(gen_tps),
+        "peak_gbps": peak,
+        "engine_roofline_frac": roof_eng.achieved_gbps(eng_tps) / peak if peak else None,
+        "generate_roofline_frac": roof_gen.achieved_gbps(gen_tps) / peak if peak else None,
+        "engine_ceiling_tok_s": roof_eng.ceiling_tokens_per_s(peak) if peak else None,
+        # Memory beyond the weights: the engine's static KV cache plus its working peak; generate()'s
+        # working peak (its growing cache included).
+        "engine_peak_mem_gb": _gb(None if max_peak(eng) is None else max_peak(eng) + kv_cache_bytes),
+        "generate_peak_mem_gb": _gb(max_peak(gen)),
+    }
+
+
+def _gb(n: int | None) -> float | None:
+    return None if n is None else n / 1e9
+
+
+def report(r: dict[str, Any]) -> None:
+    for name in ("engine", "generate"):
+        print(f"  {name:<9} {r[name + '_tok_s']:>10.0f} tok/s  ({r[name + '_tokens']} tokens, "
+              f"median {r[name + '_s']:.3f} s of {r['repeats']})")
+    print(f"  ratio     {r['ratio']:>10.2f}x engine / generate")
+    if r["engine_peak_mem_gb"] is not None:
+        print(f"  memory    engine {r['engine_peak_mem_gb']:.2f} GB (KV cache + working peak), "
+              f"generate {r['generate_peak_mem_gb']:.2f} GB (working peak), weights excluded")
+    line = f"  bandwidth engine {r['engine_gbps']:.1f} GB/s, generate {r['generate_gbps']:.1f} GB/s"
+    if r["peak_gbps"]:
+        line += (f" = {100 * r['engine_roofline_frac']:.1f}% / {100 * r['generate_roofline_frac']:.1f}% of the "
+                 f"{r['peak_gbps']:.0f} GB/s roofline (engine ceiling {r['engine_ceiling_tok_s']:.0f} tok/s)")
+    elif r["device"].startswith("cuda"):
+        line += f"; pass --peak-gbps for the roofline fraction ({r['device_name']} is not in the table)"
+    print(line, flush=True)

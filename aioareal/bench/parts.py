@@ -1,0 +1,137 @@
+"""The real parts of a training run for `bench e2e`, assembled as `run.setup` does but with random
+weights, synthetic prompts, random 0/1 rewards, no evaluation, and forced completion lengths."""
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, TrainConfig
+from ..errors import UserError
+from ..generation import Engine, GroupRequest, SamplingParams
+from ..orchestrator import EngineWorker, Orchestrator, Schedule, TrainerWorker
+from ..prompts import PromptSource
+from ..run import run_event_loop
+from ..samples import Group
+from ..tasks.base import Example
+from ..trainer import Trainer
+from ..weightsync import WeightSync
+from .gen import eos_ids
+from .harness import build_model
+
+PROMPTS = 512  # distinct synthetic prompts (cycled epoch after epoch)
+
+
+class ForcedLengths:
+    """A generation worker that gives every sample of a submitted group a length drawn from a
+    distribution (random weights never choose to stop), then delegates to the engine worker. The
+    orchestrator is unchanged: it sees the GenerationWorker contract."""
+
+    def __init__(self, worker: EngineWorker, draw: Callable[[random.Random], int], seed: int) -> None:
+        self.worker, self.draw, self.rng = worker, draw, random.Random(seed)
+
+    def submit(self, request: GroupRequest) -> None:
+        request.lengths = [self.draw(self.rng) for _ in range(request.n)]
+        self.worker.submit(request)
+
+    def __getattr__(self, name: str) -> Any:  # version, tokens_generated, free_slots, busy, in_flight, step
+        return getattr(self.worker, name)
+
+
+@dataclass
+class Timeline:
+    """Orchestrator hooks that stamp each step: (step, time, generator busy s, trainer busy s)."""
+
+    orchestrator: Orchestrator | None = None
+    warmup: int = 0
+    marks: list[tuple[int, float, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0, 0.0)])
+    lengths: list[int] = field(default_factory=list)
+    staleness_max: int = 0
+
+    async def on_eval(self, step: int, row: dict[str, Any]) -> None:
+        pass
+
+    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None:
+        busy = self.orchestrator.busy
+        self.marks.append((step, row["time"], busy["gen"], busy["train"]))
+        if step > self.warmup:
+            self.lengths += [len(s.tokens) for g in groups for s in g.samples]
+            self.staleness_max = max(self.staleness_max, row["staleness_max"])
+
+
+@dataclass
+class ModeResult:
+    samples_per_s: float
+    s_per_step: float
+    step_seconds: list[float]
+    gen_idle: float  # fraction of the timed wall clock the generator was not stepping
+    train_idle: float
+    lengths: list[int]
+    staleness_max: int
+
+
+def _config(args: argparse.Namespace, mode: str, k: int) -> Config:
+    return Config(algo=AlgoConfig(group_size=args.group_size, batch_groups=args.batch_groups),
+                  generation=GenerationConfig(max_new_tokens=args.max_new_tokens, cuda_graphs=args.cuda_graphs),
+                  rollout=RolloutConfig(mode=mode, max_staleness=k),
+                  train=TrainConfig(steps=args.warmup_steps + args.steps, micro_batch_tokens=args.micro_batch_tokens))
+
+
+def build(args: argparse.Namespace, config: Config, device: torch.device, dtype: torch.dtype,
+          draw: Callable[[random.Random], int]) -> tuple[ForcedLengths, TrainerWorker]:
+    gen_model = build_model(args.model, dtype, device, args.seed)
+    train_model = build_model(args.model, torch.float32, device, args.seed)  # same seed: same weights
+    g, a = config.generation, config.algo
+    max_len = args.prompt_len + g.max_new_tokens
+    limit = getattr(gen_model.config, "max_position_embeddings", max_len)
+    if max_len > limit:
+        raise UserError(f"--prompt-len + --max-new-tokens = {max_len} exceeds the model's context of {limit}")
+    engine = Engine(gen_model, eos_ids(gen_model), num_slots=args.slots or a.batch_groups * a.group_size,
+                    max_len=max_len, params=SamplingParams(1.0, 1.0, g.max_new_tokens), seed=args.seed,
+                    cuda_graphs=g.cuda_graphs and device.type == "cuda")
+    sync = WeightSync(train_model, gen_model)
+    pad = train_model.config.pad_token_id or 0
+    trainer = Trainer(train_model, config, pad, None, dtype if device.type == "cuda" else None)
+    return ForcedLengths(EngineWorker(engine, sync), draw, args.seed), TrainerWorker(trainer, sync, lambda: {})
+
+
+def synthetic_prompts(length: int, vocab: int, seed: int) -> PromptSource:
+    rng = random.Random(seed)
+    table = [[rng.randrange(vocab) for _ in range(length)] for _ in range(PROMPTS)]
+    examples = [Example(str(i), "", "") for i in range(PROMPTS)]
+    return PromptSource(examples, lambda e: table[int(e.uid)], seed)
+
+
+def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, dtype: torch.dtype,
+             draw: Callable[[random.Random], int]) -> ModeResult:
+    config = _config(args, mode, k)
+    gen, train = build(args, config, device, dtype, draw)
+    rewards = random.Random(args.seed + 1)
+
+    async def score(group: Group, completions: list[list[int]]) -> tuple[list[float], int]:
+        return [float(rewards.random() < 0.5) for _ in completions], 0
+
+    schedule = Schedule(mode, k, args.batch_groups, args.group_size, config.train.steps, eval_every=0)
+    vocab = gen.worker.engine.model.config.vocab_size
+    timeline = Timeline(warmup=args.warmup_steps)
+    orchestrator = Orchestrator(schedule, gen, train, synthetic_prompts(args.prompt_len, vocab, args.seed),
+                                score, timeline)
+    timeline.orchestrator = orchestrator
+    try:
+        run_event_loop(orchestrator.run())
+    finally:
+        gen.worker.close()
+        train.close()
+    return summarise(timeline, args)
+
+
+def summarise(t: Timeline, args: argparse.Namespace) -> ModeResult:
+    (_, t0, g0, r0), (_, t1, g1, r1) = t.marks[args.warmup_steps], t.marks[-1]
+    wall = t1 - t0
+    times = [m[1] for m in t.marks[args.warmup_steps:]]
+    samples = args.steps * args.batch_groups * args.group_size
+    return ModeResult(samples / wall, wall / args.steps, [b - a for a, b in zip(times, times[1:])],
+                      max(0.0, 1 - (g1 - g0) / wall), max(0.0, 1 - (r1 - r0) / wall), t.lengths, t.staleness_max)

@@ -1,0 +1,149 @@
+"""`bench train`: forward + backward tokens/s and peak memory of the trainer's two memory savers,
+each against its naive baseline, on the same model and the same synthetic samples:
+
+  (a) chunked log-probs (trainer/logprobs.py: only completion positions go through the LM head, a
+      chunk at a time, recomputed in backward) vs naive (full `model(...).logits.float()`, then
+      log_softmax and gather; entropy from the same full logits, as the trainer also reports it);
+  (b) packed micro-batches (trainer/batching.pack: sorted by length, cut by a token budget) vs
+      padded (one big batch padded to its longest row), both with chunked log-probs.
+
+Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory is torch's peak allocation
+on CUDA; on the CPU it cannot be measured cleanly, so the bench reports the analytic size of the
+largest fp32 logits tensor each variant materialises (and says so). CUDA peaks exclude the weights.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+from typing import Any, Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from ..errors import UserError
+from ..generation import Completion
+from ..orchestrator.simulated import gsm8k_like_length
+from ..samples import Sample
+from ..trainer.batching import MicroBatch, collate, pack
+from ..trainer.logprobs import token_logprobs
+from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
+                      pick_device, pick_dtype, ratio)
+
+LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--samples", type=int, default=64, help="synthetic samples per pass (default 64)")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per sample (default 64)")
+    p.add_argument("--mean-len", type=float, default=200.0, help="mean completion length (default 200)")
+    p.add_argument("--max-len", type=int, default=1024, help="completion length cap (default 1024)")
+    p.add_argument("--budget", type=int, default=8192, help="packed micro-batch token budget (default 8192)")
+    p.add_argument("--chunk", type=int, default=2048, help="tokens per log-prob chunk (default 2048)")
+    p.add_argument("--padded-rows", type=int, default=0,
+                   help="rows per padded micro-batch, in arrival order (default 0: one batch of all samples)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (default 3)")
+
+
+def synthetic_samples(n: int, prompt_len: int, mean: float, cap: int, vocab: int, seed: int) -> list[Sample]:
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(n):
+        length = gsm8k_like_length(rng, mean, cap)
+        prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
+        completion = Completion([rng.randrange(vocab) for _ in range(length)], [0.0] * length, [0] * length)
+        samples.append(Sample(prompt, completion, advantage=rng.choice((-1.0, 1.0))))
+    return samples
+
+
+def chunked_loss(chunk: int) -> LossFn:
+    def loss(model: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
+        logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, 1.0, chunk)
+        return -(logp.float() * mb.advantages[:, None] * mb.loss_mask).sum()
+    return loss
+
+
+def naive_loss(model: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()  # (b, L-1, V)
+    logz = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1) - logz
+    with torch.no_grad():
+        _entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return -(logp * mb.advantages[:, None] * mb.loss_mask).sum()
+
+
+def train_pass(model: PreTrainedModel, mbs: list[MicroBatch], loss_fn: LossFn, autocast: torch.dtype | None) -> int:
+    """Forward + backward over every micro-batch (token-mean loss); returns real tokens processed."""
+    tokens = sum(mb.completion_tokens for mb in mbs)
+    ctx = torch.autocast("cuda", dtype=autocast) if autocast else contextlib.nullcontext()
+    for mb in mbs:
+        with ctx:
+            loss = loss_fn(model, mb) / tokens
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(mb.real_tokens for mb in mbs)
+
+
+def padding_frac(mbs: list[MicroBatch]) -> float:
+    return 1.0 - sum(mb.real_tokens for mb in mbs) / sum(mb.padded_tokens for mb in mbs)
+
+
+def logits_bytes(mbs: list[MicroBatch], vocab: int, chunk: int | None) -> int:
+    """Largest fp32 logits tensor materialised: a chunk of completion positions, or the whole batch."""
+    if chunk is None:
+        return max(mb.input_ids.numel() for mb in mbs) * vocab * 4
+    return max(min(chunk, mb.completion_tokens) for mb in mbs) * vocab * 4
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    for name in ("samples", "prompt_len", "max_len", "budget", "chunk", "repeats"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    autocast = dtype if device.type == "cuda" and dtype != torch.float32 else None
+    model = build_model(args.model, torch.float32, device, args.seed).train()  # fp32 master weights
+    vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
+    samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)
+    packed = pack(samples, args.budget, pad, device)
+    rows = args.padded_rows or len(samples)
+    padded = [collate(samples[i:i + rows], pad, device) for i in range(0, len(samples), rows)]
+    print(f"bench train: {model_label(args.model)} on {device} (fp32 master, "
+          f"{'autocast ' + str(autocast).replace('torch.', '') if autocast else 'no autocast'}), "
+          f"{args.samples} samples, {args.prompt_len}-token prompts, completions mean {args.mean_len:.0f} "
+          f"cap {args.max_len}; {len(packed)} packed / {len(padded)} padded micro-batches", flush=True)
+    chunked = chunked_loss(args.chunk)
+    runs = alternate({"packed_chunked": lambda: train_pass(model, packed, chunked, autocast),
+                      "packed_naive": lambda: train_pass(model, packed, naive_loss, autocast),
+                      "padded_chunked": lambda: train_pass(model, padded, chunked, autocast)},
+                     args.repeats, device)
+    result = {"bench": "train", **environment(device), "model": model_label(args.model),
+              "autocast": str(autocast).replace("torch.", "") if autocast else None, "samples": args.samples,
+              "prompt_len": args.prompt_len, "mean_len": args.mean_len, "max_len": args.max_len,
+              "budget": args.budget, "chunk": args.chunk, "repeats": args.repeats,
+              "packed_micro_batches": len(packed), "padded_micro_batches": len(padded),
+              "packed_padding_frac": padding_frac(packed), "padded_padding_frac": padding_frac(padded)}
+    for name, ms in runs.items():
+        result[f"{name}_tok_s"] = ms[-1].result / median_seconds(ms)
+        result[f"{name}_peak_mem_gb"] = None if max_peak(ms) is None else max_peak(ms) / 1e9
+    result["peak_mem_kind"] = "cuda_max_memory_allocated" if device.type == "cuda" else "analytic_logits_bytes"
+    result["chunked_logits_gb"] = logits_bytes(packed, vocab, args.chunk) / 1e9
+    result["naive_logits_gb"] = logits_bytes(packed, vocab, None) / 1e9
+    result["chunked_vs_naive_tok_s"] = ratio(result["packed_chunked_tok_s"], result["packed_naive_tok_s"])
+    result["packed_vs_padded_tok_s"] = ratio(result["packed_chunked_tok_s"], result["padded_chunked_tok_s"])
+    report(result)
+    return result
+
+
+def report(r: dict[str, Any]) -> None:
+    cuda = r["peak_mem_kind"] == "cuda_max_memory_allocated"
+    for name, label in (("packed_chunked", "packed + chunked"), ("packed_naive", "packed + naive"),
+                        ("padded_chunked", "padded + chunked")):
+        mem = f", peak {r[name + '_peak_mem_gb']:.2f} GB" if cuda else ""
+        print(f"  {label:<17} {r[name + '_tok_s']:>10.0f} tok/s{mem}")
+    print(f"  chunked / naive   {r['chunked_vs_naive_tok_s']:.2f}x tok/s; largest fp32 logits tensor "
+          f"{1000 * r['chunked_logits_gb']:.1f} MB vs {1000 * r['naive_logits_gb']:.1f} MB"
+          + ("" if cuda else " (analytic: CPU peak memory is not measurable cleanly)"))
+    print(f"  packed / padded   {r['packed_vs_padded_tok_s']:.2f}x tok/s; padding "
+          f"{100 * r['packed_padding_frac']:.1f}% ({r['packed_micro_batches']} micro-batches) vs "
+          f"{100 * r['padded_padding_frac']:.1f}% ({r['padded_micro_batches']})", flush=True)

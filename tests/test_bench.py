@@ -1,0 +1,73 @@
+"""`python -m aioareal bench`: each bench runs end to end on the tiny model at toy sizes, ends with one
+JSON line of its figures, and `--out` appends that line. Timings are never asserted (STYLE 9)."""
+import json
+
+import pytest
+
+from aioareal.cli import main
+
+TINY = ["--model", "tiny", "--threads", "1"]
+
+
+def run_bench(capsys, tmp_path, *args: str) -> dict:
+    """Run a bench with --out pointing at a file that already holds a line; check it was appended."""
+    out = tmp_path / "bench.jsonl"
+    out.write_text('{"earlier": true}\n')
+    assert main(["bench", *args, *TINY, "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    figures = json.loads(last)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0]) == {"earlier": True} and json.loads(lines[1]) == figures
+    return figures
+
+
+def test_gen_engine_and_generate_make_the_same_tokens(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "3", "--samples", "2", "--prompt-len", "5",
+                  "--new-tokens", "6", "--repeats", "1")
+    assert r["bench"] == "gen" and r["device"] == "cpu" and r["model"] == "random:tiny"
+    assert r["engine_tokens"] == r["generate_tokens"] == 3 * 2 * 6
+    for key in ("engine_tok_s", "generate_tok_s", "ratio", "engine_gbps", "param_bytes", "kv_bytes_per_token"):
+        assert r[key] > 0, key
+    assert r["kv_bytes_per_token"] == 4 * 2 * 2 * 32 * 4  # tiny: layers * K,V * kv_heads * head_dim * fp32
+    assert r["engine_roofline_frac"] is None  # no peak bandwidth known on the CPU
+
+
+def test_gen_roofline_fraction_with_a_given_peak(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "1", "--samples", "2", "--prompt-len", "3",
+                  "--new-tokens", "2", "--repeats", "1", "--slots", "2", "--peak-gbps", "100")
+    assert r["peak_gbps"] == 100 and r["engine_roofline_frac"] == pytest.approx(r["engine_gbps"] / 100)
+
+
+def test_train_reports_padding_and_memory(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "train", "--samples", "6", "--prompt-len", "4", "--mean-len", "12",
+                  "--max-len", "40", "--budget", "128", "--chunk", "8", "--repeats", "1")
+    assert r["bench"] == "train" and r["peak_mem_kind"] == "analytic_logits_bytes"
+    for key in ("packed_chunked_tok_s", "packed_naive_tok_s", "padded_chunked_tok_s", "chunked_vs_naive_tok_s",
+                "packed_vs_padded_tok_s"):
+        assert r[key] > 0, key
+    assert 0 <= r["packed_padding_frac"] <= r["padded_padding_frac"] < 1
+    assert r["padded_micro_batches"] == 1 and r["packed_micro_batches"] >= 1
+    assert r["chunked_logits_gb"] < r["naive_logits_gb"]
+
+
+def test_e2e_runs_every_mode(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "e2e", "--steps", "2", "--warmup-steps", "1", "--batch-groups", "2",
+                  "--group-size", "2", "--prompt-len", "4", "--max-new-tokens", "12", "--mean-len", "6")
+    assert r["bench"] == "e2e"
+    for mode, k in (("sync", 0), ("one_step", 1), ("async", 2)):
+        assert r[f"{mode}_samples_s"] > 0 and r[f"{mode}_s_per_step"] > 0
+        assert 0 <= r[f"{mode}_gen_idle"] <= 1 and 0 <= r[f"{mode}_train_idle"] <= 1
+        assert 1 <= r[f"{mode}_len_mean"] <= 12 and r[f"{mode}_staleness_max"] <= k
+    assert r["async_vs_sync"] > 0 and r["one_step_vs_sync"] > 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["e2e", "--modes", "sync,fast"], "error: --modes sync,fast: expected a comma-separated subset of "
+                                      "sync,one-step,async"),
+    (["gen", "--model", "no-such-shape"], "error: --model no-such-shape: neither a shape"),
+    (["gen", "--samples", "4", "--slots", "2"], "error: --slots 2 cannot hold one group of --samples 4"),
+])
+def test_bad_options_are_one_line_errors(capsys, args, expected):
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(expected) and len(err.splitlines()) == 1

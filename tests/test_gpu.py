@@ -1,0 +1,93 @@
+"""CUDA paths: weight sync on streams with events, the engine in bf16 and with CUDA graphs, a bf16
+training step, and a short async run. Skipped without a CUDA device (see conftest.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.models import random_model
+from aioareal.weightsync import WeightSync
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda", 0)
+
+
+def _engine(model, graphs, seed=0, slots=16):
+    return Engine(model, eos_ids=[1], num_slots=slots, max_len=96, params=SamplingParams(max_new_tokens=40),
+                  seed=seed, cuda_graphs=graphs)
+
+
+def _generate(engine, groups=4, g=4):
+    gen = torch.Generator().manual_seed(1)
+    for gid in range(groups):
+        engine.submit(GroupRequest(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), n=g))
+    out = []
+    while engine.busy:
+        out += engine.step()
+    return sorted(out, key=lambda r: r.request.group_id)
+
+
+def _check_against_hf(model, results, tol):
+    for r in results:
+        for c in r.completions:
+            ids = torch.tensor([r.request.prompt_ids + c.tokens], device=CUDA)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+            ref = logp[len(r.request.prompt_ids) - 1:-1].gather(-1, ids[0, len(r.request.prompt_ids):, None])
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref.squeeze(-1).cpu(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_engine_logprobs_match_hf_forward_on_cuda(dtype):
+    model = random_model("tiny", dtype, CUDA, seed=3)
+    _check_against_hf(model, _generate(_engine(model, graphs=False)), 1e-4 if dtype == torch.float32 else 5e-2)
+
+
+def test_cuda_graph_decode_matches_hf_forward():
+    model = random_model("tiny", torch.float32, CUDA, seed=3)
+    engine = _engine(model, graphs=True, seed=5)
+    results = _generate(engine)
+    assert engine.graphs is not None and engine.graphs.graphs  # decode steps were captured and replayed
+    _check_against_hf(model, results, 1e-4)
+
+
+def test_weight_sync_on_streams_lands_before_the_next_forward():
+    trainer_model = random_model("tiny", torch.float32, CUDA, seed=1)
+    generator_model = random_model("tiny", torch.bfloat16, CUDA, seed=2)
+    sync = WeightSync(trainer_model, generator_model)
+    engine = _engine(generator_model, graphs=True)
+    _generate(engine, groups=1)  # capture graphs before the weights change: pointers must stay valid
+    pointers = [p.data_ptr() for p in generator_model.parameters()]
+    with torch.no_grad():
+        for p in trainer_model.parameters():
+            p.add_(0.01)
+    sync.publish(1)
+    assert sync.pending
+    version, ready = sync.apply(engine.stream)
+    engine.adopt(version, ready)
+    torch.cuda.synchronize()
+    assert version == 1 and not sync.pending
+    assert [p.data_ptr() for p in generator_model.parameters()] == pointers  # copied in place, never rebound
+    for name, p in generator_model.named_parameters():
+        expected = dict(trainer_model.named_parameters())[name].to(torch.bfloat16)
+        torch.testing.assert_close(p, expected, atol=0, rtol=0)
+    results = _generate(engine, groups=1)
+    assert all(v == 1 for c in results[0].completions for v in c.versions)
+
+
+def test_bf16_training_step_and_async_run(tmp_path):
+    from aioareal.config import load_config
+    from aioareal.run import train
+
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=4", "algo.batch_groups=4", "eval.every=2",
+                                    "data.eval_size=16", "rollout.mode=async",
+                                    "rollout.max_staleness=2", "algo.objective=decoupled"],
+                         flags={"run.run_dir": str(tmp_path / "run")})
+    train(config, log=lambda *_: None, printer=lambda row: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert all(r["loss"] is not None and r["grad_norm"] == r["grad_norm"] for r in rows[1:])
+    assert max(r["staleness_max"] for r in rows[1:]) <= 2
