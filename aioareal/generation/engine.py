@@ -24,7 +24,9 @@ from .graphs import DecodeGraphs, can_use_own_generator
 from .sampling import SamplingParams, sample
 from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
 
-SPAN_BUCKET = 64  # attention span is rounded up to this many positions (bounds graph count)
+# With CUDA graphs the attention span is rounded up to a bucket so few graphs are captured;
+# eager decoding attends over exactly the live context.
+GRAPH_SPAN_BUCKET = 64
 
 
 class Engine:
@@ -138,9 +140,9 @@ class Engine:
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1
-        span = min(self.max_len, -(-(max(r.next_pos for r in self.running.values()) + 1) // SPAN_BUCKET)
-                   * SPAN_BUCKET)
+        span = max(r.next_pos for r in self.running.values()) + 1
         if self.graphs is not None:
+            span = min(self.max_len, -(-span // GRAPH_SPAN_BUCKET) * GRAPH_SPAN_BUCKET)
             return self.graphs.run(n, span)
         return self._decode_into(n, span)
 

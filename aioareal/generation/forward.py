@@ -79,14 +79,19 @@ class FastForward:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
         return module.weight * xf.to(x.dtype)
 
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x (n, T, heads, head_dim), pos (n, T)."""
-        cos, sin = self.cos[pos][:, :, None, :], self.sin[pos][:, :, None, :]
+    def _rope_tables(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin at positions pos (n, T) -> (n, T, 1, head_dim) each, gathered once per pass."""
+        return self.cos[pos][:, :, None, :], self.sin[pos][:, :, None, :]
+
+    @staticmethod
+    def _rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x (n, T, heads, head_dim)."""
+        cos, sin = rope
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, layer, h: torch.Tensor, pos: torch.Tensor):
+    def _qkv(self, layer, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         attn = layer.self_attn
         n, t, _ = h.shape
         q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
@@ -94,7 +99,7 @@ class FastForward:
         v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
-        return self._rope(q, pos), self._rope(k, pos), v
+        return self._rope(q, rope), self._rope(k, rope), v
 
     def _attend(self, q, k, v, mask) -> torch.Tensor:
         """q (n, T, H, D), k/v (n, S, Hkv, D), mask (n, 1, T, S) bool -> (n, T, H*D)."""
@@ -130,9 +135,10 @@ class FastForward:
         write_slots = slots.view(n, copies, 1).expand(n, copies, t)
         write_pos = pos[:, None, :].expand(n, copies, t)
         h = self.model.model.embed_tokens(tokens)
+        rope = self._rope_tables(pos)
         for i, layer in enumerate(self.layers):
             x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._qkv(layer, x, pos)
+            q, k, v = self._qkv(layer, x, rope)
             cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
             cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
             h = h + layer.self_attn.o_proj(self._attend(q, k, v, mask))
@@ -148,9 +154,10 @@ class FastForward:
         keys = torch.arange(span, device=tokens.device)
         mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (n, 1, 1, span)
         h = self.model.model.embed_tokens(tokens[:, None])
+        rope = self._rope_tables(pos[:, None])
         for i, layer in enumerate(self.layers):
             x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._qkv(layer, x, pos[:, None])
+            q, k, v = self._qkv(layer, x, rope)
             cache.k[i][rows, pos] = k[:, 0]
             cache.v[i][rows, pos] = v[:, 0]
             attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)

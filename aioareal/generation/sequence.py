@@ -37,7 +37,8 @@ class GroupResult:
 @dataclass(slots=True)
 class Running:
     """A sequence occupying a KV-cache slot. The cache holds prompt + tokens[:-1]; tokens[-1] is
-    the next input, to be written at position prompt_len + len(tokens) - 1."""
+    the next input, to be written at position prompt_len + len(tokens) - 1. Right after admission
+    the first token is sampled but not yet recorded on the host: it goes to position prompt_len."""
 
     group: "GroupState"
     index: int
@@ -46,7 +47,7 @@ class Running:
 
     @property
     def next_pos(self) -> int:
-        return len(self.group.request.prompt_ids) + len(self.completion.tokens) - 1
+        return len(self.group.request.prompt_ids) + max(len(self.completion.tokens), 1) - 1
 
 
 @dataclass
