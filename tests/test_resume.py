@@ -100,6 +100,16 @@ def test_resume_refuses_a_changed_config_unless_forced(tmp_path, reference):
         resume_config(tmp_path, [], {}, force=False)
 
 
+def test_checkpoint_policy_loads_in_plain_transformers(reference):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    policy = checkpoint.latest_checkpoint(reference) / "policy"
+    model = AutoModelForCausalLM.from_pretrained(policy)
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    ids = tokenizer("12+34=", return_tensors="pt").input_ids
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] == ids.shape[1] + 3
+
+
 def test_a_finished_run_directory_is_not_overwritten(reference):
     proc = launch(*ARGS, "--run-dir", str(reference))
     assert proc.wait(timeout=120) == 2

@@ -1,0 +1,103 @@
+"""Trainer pieces: packing, chunked log-probs, the log-linear proximal policy, the step itself."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioareal.config import load_config
+from aioareal.generation import Completion
+from aioareal.models import random_model
+from aioareal.samples import Group, Sample
+from aioareal.tasks.base import Example
+from aioareal.trainer import Trainer
+from aioareal.trainer.batching import collate, pack, plan
+from aioareal.trainer.logprobs import token_logprobs
+from aioareal.trainer.objective import loglinear_prox
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(lengths=st.lists(st.integers(1, 300), min_size=1, max_size=80), budget=st.integers(1, 4000))
+def test_property_packing_covers_every_sample_once_within_budget(lengths, budget):
+    batches = plan(lengths, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat)  # similar lengths share a micro-batch
+
+
+def _sample(prompt, tokens, versions=None):
+    versions = versions or [0] * len(tokens)
+    return Sample(prompt, Completion(tokens, [-0.1 * (i + 1) for i in range(len(tokens))], versions, "stop"), 1.0)
+
+
+def test_collate_aligns_targets_with_behaviour_logprobs():
+    mb = collate([_sample([5, 6, 7], [8, 9]), _sample([5], [10, 11, 12], [3, 4, 4])], pad_id=0,
+                 device=torch.device("cpu"))
+    assert mb.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 10, 11, 12, 0]]
+    # Column t predicts input_ids[:, t + 1]: completion targets sit at prompt_len - 1 onwards.
+    assert mb.loss_mask.tolist() == [[False, False, True, True], [True, True, True, False]]
+    torch.testing.assert_close(mb.behav_logp[0, 2:], torch.tensor([-0.1, -0.2]))
+    assert mb.versions[1, :3].tolist() == [3.0, 4.0, 4.0]
+    assert (mb.real_tokens, mb.completion_tokens) == (9, 5)
+    halves = mb.halves()
+    assert [h.input_ids.shape[0] for h in halves] == [1, 1] and sum(h.completion_tokens for h in halves) == 5
+
+
+def test_chunked_logprobs_equal_naive_full_vocabulary_ones():
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    samples = [_sample(list(range(4, 4 + p)), list(range(20, 20 + n))) for p, n in ((3, 5), (6, 2), (1, 9))]
+    mb = pack(samples, budget=10_000, pad_id=0, device=torch.device("cpu"))[0]
+    chunked, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature=0.7, chunk=3)
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float() / 0.7
+    naive = torch.log_softmax(logits, -1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1) * mb.loss_mask
+    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=1e-5)
+    grad_chunked = torch.autograd.grad(chunked.sum(), model.lm_head.weight)[0]
+    grad_naive = torch.autograd.grad(naive.sum(), model.lm_head.weight)[0]
+    torch.testing.assert_close(grad_chunked, grad_naive, atol=1e-5, rtol=1e-4)
+    assert (entropy[mb.loss_mask] > 0).all() and (entropy[~mb.loss_mask] == 0).all()
+
+
+def test_loglinear_prox_is_exact_at_both_ends():
+    logp, behav = torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.5, -1.0, -3.0])
+    versions = torch.tensor([5.0, 3.0, 4.0])
+    # theta == prox: the proximal policy is the current one.
+    torch.testing.assert_close(loglinear_prox(logp, behav, versions, prox_version=5, theta_version=5), logp)
+    # A token sampled by the proximal version itself: pi_prox = pi_behav.
+    out = loglinear_prox(logp, behav, versions, prox_version=5, theta_version=5.5)
+    assert out[0] == behav[0]
+    # Halfway in version between behaviour (3) and theta (5.5) at prox 4.25: halfway in log space.
+    out = loglinear_prox(logp[:1], behav[:1], torch.tensor([3.0]), prox_version=4.25, theta_version=5.5)
+    torch.testing.assert_close(out, behav[:1] + 0.5 * (logp[:1] - behav[:1]))
+
+
+def _groups(n_groups=2, g=4):
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for gid in range(n_groups):
+        group = Group(gid, Example(str(gid), "q", "a"), [4, 5, 6], 0, 0.0)
+        for i in range(g):
+            tokens = torch.randint(10, 100, (3 + i,), generator=gen).tolist()
+            group.samples.append(Sample([4, 5, 6], Completion(tokens, [-2.0] * len(tokens), [0] * len(tokens), "stop"),
+                                        float(i % 2)))
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("objective", ["ppo", "decoupled", "dg"])
+def test_trainer_step_updates_the_weights_and_reports(objective):
+    config = load_config(overrides=[f"algo.objective={objective}", "algo.minibatches=2", "algo.ppo_epochs=2",
+                                    "algo.batch_groups=2", "algo.group_size=4", "algo.kl_coef=0.1"])
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    ref = random_model("tiny", torch.float32, torch.device("cpu"), seed=1).requires_grad_(False)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = Trainer(model, config, pad_id=0, ref_model=ref)
+    metrics = trainer.step(_groups())
+    assert trainer.version == 1
+    assert trainer.optimizer.state[next(model.parameters())]["step"] == 4  # 2 mini-batches x 2 epochs
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert metrics["grad_norm"] > 0 and metrics["kl"] >= 0 and 0 <= metrics["padding_frac"] < 1
+    assert ("capped_frac" in metrics) == (objective == "decoupled")
+    assert ("dg_gate_mean" in metrics) == (objective == "dg")
