@@ -16,26 +16,16 @@ from typing import Any
 from ..errors import DataError
 from .answers import normalize_number
 from .base import Example
-from .rows import RowSource, field_value
+from .rows import RowSource, RowTask, field_value
 from .verify import math_equal
 
 
-class CustomTask:
+class CustomTask(RowTask):
     def __init__(self, source: RowSource, name: str = "file", prompt_field: str = "question",
                  answer_field: str = "answer", answer_required: bool = True, chat: bool = True,
                  timeout_s: float = 5.0) -> None:
         self.source, self.name, self.chat, self.timeout_s = source, name, chat, timeout_s
         self.prompt_field, self.answer_field, self.answer_required = prompt_field, answer_field, answer_required
-        self._splits: tuple[list[Example], list[Example]] | None = None
-
-    @property
-    def skipped(self) -> int:
-        return self.source.skipped
-
-    def splits(self) -> tuple[list[Example], list[Example]]:
-        if self._splits is None:
-            self._splits = self.source.splits(self._example)
-        return self._splits
 
     def score(self, completion: str, example: Example) -> float:
         if normalize_number(example.answer) is not None:

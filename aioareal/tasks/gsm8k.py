@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Example
-from .rows import RowSource, field_value
+from .rows import RowSource, RowTask, field_value
 from .verify import math_equal
 
 INSTRUCTION = "Please put your final answer within \\boxed{}."
 
 
-class GSM8KTask:
+class GSM8KTask(RowTask):
     name = "gsm8k"
     chat = True
 
@@ -28,17 +28,6 @@ class GSM8KTask:
                                 eval_split=eval_split, eval_path=eval_path, eval_size=eval_size, seed=seed,
                                 skip_bad_rows=skip_bad_rows, fields=(question_field, answer_field))
         self.question_field, self.answer_field, self.timeout_s = question_field, answer_field, timeout_s
-        self._splits: tuple[list[Example], list[Example]] | None = None
-
-    @property
-    def skipped(self) -> int:
-        """Rows dropped by skip_bad_rows (malformed lines and missing fields)."""
-        return self.source.skipped
-
-    def splits(self) -> tuple[list[Example], list[Example]]:
-        if self._splits is None:
-            self._splits = self.source.splits(self._example)
-        return self._splits
 
     def score(self, completion: str, example: Example) -> float:
         return math_equal(example.answer, completion, self.timeout_s)

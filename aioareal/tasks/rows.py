@@ -184,3 +184,24 @@ def _clean(row: dict[Any, Any]) -> dict[str, Any]:
 
     plain = {str(k): v.tolist() if isinstance(v, (np.generic, np.ndarray)) else v for k, v in row.items()}
     return {k: v for k, v in plain.items() if not (isinstance(v, float) and v != v)}
+
+
+class RowTask:
+    """A task whose examples come from a `RowSource`: subclasses say how a row becomes an example
+    (`_example`) and how a completion scores; loading, caching and skip counts live here."""
+
+    source: RowSource
+    _splits: tuple[list[Example], list[Example]] | None = None
+
+    @property
+    def skipped(self) -> int:
+        """Rows dropped by skip_bad_rows (malformed lines and missing fields)."""
+        return self.source.skipped
+
+    def splits(self) -> tuple[list[Example], list[Example]]:
+        if self._splits is None:
+            self._splits = self.source.splits(self._example)
+        return self._splits
+
+    def _example(self, row: dict[str, Any], where: str, split: str, index: int) -> Example | None:
+        raise NotImplementedError
