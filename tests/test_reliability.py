@@ -233,3 +233,16 @@ def test_memory_does_not_grow_over_hundreds_of_steps(tmp_path):
     train(config, log=lambda *_: None, printer=record)
     assert rss[300] - rss[50] < 25, rss  # MB over 250 steps: no per-step leak
     assert len(checkpoint.list_checkpoints(tmp_path / "run")) == 1
+
+
+def test_async_with_k0_reproduces_sync_on_the_real_model(tmp_path):
+    def run(name, mode):
+        config = load_config(overrides=["model.name=random:tiny", "train.steps=3", "algo.batch_groups=4",
+                                        "eval.every=3", "data.eval_size=20"],
+                             flags={"run.run_dir": str(tmp_path / name), "rollout.mode": mode,
+                                    "rollout.max_staleness": 0})
+        train(config, **QUIET)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [(r.get("reward_mean"), r.get("loss"), r.get("staleness_max"), r.get("eval_pass_rate")) for r in rows]
+
+    assert run("sync", "sync") == run("async", "async")
