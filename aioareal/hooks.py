@@ -41,16 +41,19 @@ class RunHooks:
             await self.save(step)
 
     async def save(self, step: int) -> None:
-        # The counters are read here, on the loop thread; the files are written on the trainer's
-        # thread, where no update can change the weights while they are saved.
+        # The counters and random states are read here, on the loop thread, before anything can
+        # await: once this coroutine yields, the generator may start the next batch and draw from
+        # the sampling RNG, and a resumed run would then sample differently from an unbroken one.
+        # The files are written on the trainer's thread, where no update can change the weights.
         state = checkpoint.RunState(step=step, cursor=self.o.resume_cursor(), elapsed=self.o.now(),
                                     ledger=asdict(self.o.ledger), reward_failures=self.o.reward_failures)
         parts = self.parts
         trainer = parts.trainer.trainer
+        rng = checkpoint.rng_state(parts.engine.generator)
 
         def write() -> None:
             checkpoint.save(parts.run_dir, state, trainer.model, parts.tokenizer, trainer.state_dict(),
-                            checkpoint.rng_state(parts.engine.generator), parts.config.run.keep_checkpoints)
+                            rng, parts.config.run.keep_checkpoints)
 
         await parts.trainer.call(write)
         self.last_checkpoint = step

@@ -246,3 +246,30 @@ def test_async_with_k0_reproduces_sync_on_the_real_model(tmp_path):
         return [(r.get("reward_mean"), r.get("loss"), r.get("staleness_max"), r.get("eval_pass_rate")) for r in rows]
 
     assert run("sync", "sync") == run("async", "async")
+
+
+def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_runs_meanwhile(monkeypatch):
+    """A stop checkpoint is written on the trainer's thread while the generator may already sample
+    the next batch: the saved sampling state must be the one at the end of the step, or a resumed
+    run samples differently from an unbroken one."""
+    from types import SimpleNamespace
+
+    from aioareal.hooks import RunHooks
+    from aioareal.orchestrator.admission import Ledger
+
+    generator = torch.Generator().manual_seed(3)
+    at_step_end = generator.get_state()
+    saved = {}
+    monkeypatch.setattr(checkpoint, "save", lambda *args: saved.setdefault("rng", args[5]))
+
+    async def call(fn):  # the trainer thread runs the write after the generator drew numbers
+        torch.rand(4, generator=generator)
+        fn()
+
+    parts = SimpleNamespace(
+        start_step=0, run_dir=None, tokenizer=None, engine=SimpleNamespace(generator=generator),
+        trainer=SimpleNamespace(trainer=SimpleNamespace(model=None, state_dict=dict), call=call),
+        config=SimpleNamespace(run=SimpleNamespace(keep_checkpoints=2)))
+    orchestrator = SimpleNamespace(resume_cursor=lambda: 0, now=lambda: 1.0, ledger=Ledger(), reward_failures=0)
+    asyncio.run(RunHooks(parts, orchestrator, printer=print).on_stop(3))
+    assert torch.equal(saved["rng"]["engine"], at_step_end)

@@ -72,6 +72,7 @@ class Orchestrator:
         self.next_group_id = 0
         self.busy = {"gen": 0.0, "train": 0.0}
         self.stop_requested = False
+        self._trainer_waiting = False  # the trainer is blocked on a batch (see `_admit`)
         self._finishing: set[asyncio.Task] = set()
         self._wake: asyncio.Event | None = None
         self.t0 = 0.0
@@ -125,6 +126,10 @@ class Orchestrator:
         return self.s.steps * self.s.batch_groups - kept  # the ledger counts from the run's first step
 
     def _admit(self) -> None:
+        if self.stop_requested and not self._trainer_waiting:
+            # The trainer stops after the step it is on and needs no new groups; generating them
+            # would only delay the exit (and draw from the sampling RNG after the stop checkpoint).
+            return
         version, s = self.train.version, self.s
         room = min(self.admission.capacity(version), self._still_needed())
         if s.mode == "async":
@@ -187,7 +192,12 @@ class Orchestrator:
         dropped = 0
         version = self.train.version
         while len(batch) < self.s.batch_groups:
-            for group in await self.buffer.take(self.s.batch_groups - len(batch)):
+            self._trainer_waiting = True
+            try:
+                taken = await self.buffer.take(self.s.batch_groups - len(batch))
+            finally:
+                self._trainer_waiting = False
+            for group in taken:
                 if group.staleness(version) > self.s.max_staleness:
                     dropped += 1
                     self.untrained.pop(group.group_id, None)
