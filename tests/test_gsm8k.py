@@ -130,7 +130,7 @@ def test_hanging_verification_times_out(monkeypatch: pytest.MonkeyPatch) -> None
         score = pool.submit(math_equal, "#### 18", "\\boxed{2 \\cdot 9}", 0.3).result()
     elapsed = time.perf_counter() - start
     assert score == 0.0
-    assert 0.25 < elapsed < 1.5
+    assert 0.25 < elapsed < 2.5  # the 3 s hang is cut at 0.3 s; slack for a loaded CI machine
     assert verify_failures() == before + 1
 
 
