@@ -150,7 +150,7 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
                         f"context of {limit} tokens")
     engine = Engine(gen_model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
                     params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
-                    cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv)
+                    cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv, compile=g.compile)
     sync = WeightSync(train_model, gen_model)
     trainer = Trainer(train_model, config, tokenizer.pad_token_id, ref_model, compute_dtype)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731

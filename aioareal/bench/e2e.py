@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=0, help="engine slots (default B x G, as a real run)")
     p.add_argument("--micro-batch-tokens", type=int, default=8192, help="trainer token budget (default 8192)")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,one-step,async")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the engine's decode step with torch.compile (see generation.compile)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA graphs for decode (CUDA only; default on)")
 

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (default 3)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the engine's decode steps in CUDA graphs (CUDA only; default on)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the engine's decode step with torch.compile (see generation.compile)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
 
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slots = args.slots or sequences
     graphs = args.cuda_graphs and device.type == "cuda"
     engine = Engine(model, eos_ids(model), num_slots=slots, max_len=args.prompt_len + args.new_tokens,
-                    params=SamplingParams(1.0, 1.0, args.new_tokens), seed=args.seed, cuda_graphs=graphs)
+                    params=SamplingParams(1.0, 1.0, args.new_tokens), seed=args.seed, cuda_graphs=graphs,
+                    compile=args.compile)
     config = generate_config(model, args.samples, args.new_tokens)
     prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
@@ -119,6 +122,7 @@ def summarise(args: argparse.Namespace, model: PreTrainedModel, dtype: torch.dty
         "bench": "gen", **environment(device), "model": model_label(args.model),
         "dtype": str(dtype).replace("torch.", ""), "prompts": args.prompts, "samples": args.samples,
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "slots": slots, "cuda_graphs": graphs,
+        "compile": args.compile,
         "repeats": args.repeats, "engine_tokens": eng_tokens, "generate_tokens": gen_tokens,
         "engine_s": eng_s, "generate_s": gen_s, "engine_s_rounds": [m.seconds for m in eng],
         "generate_s_rounds": [m.seconds for m in gen], "engine_tok_s": eng_tps, "generate_tok_s": gen_tps,

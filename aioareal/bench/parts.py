@@ -91,7 +91,7 @@ def build(args: argparse.Namespace, config: Config, device: torch.device, dtype:
         raise UserError(f"--prompt-len + --max-new-tokens = {max_len} exceeds the model's context of {limit}")
     engine = Engine(gen_model, eos_ids(gen_model), num_slots=args.slots or a.batch_groups * a.group_size,
                     max_len=max_len, params=SamplingParams(1.0, 1.0, g.max_new_tokens), seed=args.seed,
-                    cuda_graphs=g.cuda_graphs and device.type == "cuda")
+                    cuda_graphs=g.cuda_graphs and device.type == "cuda", compile=args.compile)
     sync = WeightSync(train_model, gen_model)
     pad = train_model.config.pad_token_id or 0
     trainer = Trainer(train_model, config, pad, None, dtype if device.type == "cuda" else None)

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=int, default=8192, help="packed micro-batch token budget (default 8192)")
     p.add_argument("--chunk", type=int, default=2048, help="tokens per log-prob chunk (default 2048)")
     p.add_argument("--padded-rows", type=int, default=0,
-                   help="rows per padded micro-batch, in arrival order (default 0: one batch of all samples)")
+                   help="rows per padded micro-batch, in arrival order (default 0: as many as fit the token "
+                        "budget once padded, as a trainer with no packing would do)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (default 3)")
 
 
@@ -84,6 +85,24 @@ def train_pass(model: PreTrainedModel, mbs: list[MicroBatch], loss_fn: LossFn, a
     return sum(mb.real_tokens for mb in mbs)
 
 
+def padded_groups(samples: list[Sample], budget: int, rows: int = 0) -> list[list[Sample]]:
+    """The baseline's micro-batches, in arrival order: `rows` samples each, or (rows=0) as many as
+    keep rows x longest row within the token budget (a lone longer sample still gets its own)."""
+    if rows:
+        return [samples[i:i + rows] for i in range(0, len(samples), rows)]
+    groups: list[list[Sample]] = []
+    width = 0
+    for s in samples:
+        length = len(s.prompt_ids) + len(s.completion.tokens)
+        if groups and (len(groups[-1]) + 1) * max(width, length) <= budget:
+            groups[-1].append(s)
+            width = max(width, length)
+        else:
+            groups.append([s])
+            width = length
+    return groups
+
+
 def padding_frac(mbs: list[MicroBatch]) -> float:
     return 1.0 - sum(mb.real_tokens for mb in mbs) / sum(mb.padded_tokens for mb in mbs)
 
@@ -106,8 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
     samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)
     packed = pack(samples, args.budget, pad, device)
-    rows = args.padded_rows or len(samples)
-    padded = [collate(samples[i:i + rows], pad, device) for i in range(0, len(samples), rows)]
+    padded = [collate(group, pad, device) for group in padded_groups(samples, args.budget, args.padded_rows)]
     print(f"bench train: {model_label(args.model)} on {device} (fp32 master, "
           f"{'autocast ' + str(autocast).replace('torch.', '') if autocast else 'no autocast'}), "
           f"{args.samples} samples, {args.prompt_len}-token prompts, completions mean {args.mean_len:.0f} "

@@ -90,6 +90,8 @@ class GenerationConfig:
     num_slots: int = doc("sequences decoded at once; 0 = enough for the admission bound", 0)
     recompute_kv: bool = doc("on a weight update mid-rollout, recompute running sequences' KV cache", True)
     cuda_graphs: bool = doc("capture decode steps in CUDA graphs (CUDA only)", True)
+    compile: bool = doc("fuse the decode step's small kernels with torch.compile (needs Triton on CUDA or a C++ "
+                        "compiler on CPU; the first steps wait for compilation)", False)
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")

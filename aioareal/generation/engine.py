@@ -32,7 +32,7 @@ GRAPH_SPAN_BUCKET = 64
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
-                 recompute_kv: bool = True) -> None:
+                 recompute_kv: bool = True, compile: bool = False) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
@@ -40,6 +40,8 @@ class Engine:
         self.recompute_kv = recompute_kv
         self.fwd = FastForward(model, max_len)
         self.cache = self.fwd.new_cache(num_slots)
+        # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
+        self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
         self.eos = torch.tensor(sorted(eos_ids), device=self.device)
         self.eos_set = set(eos_ids)
         graphs = cuda_graphs and self.device.type == "cuda"
@@ -59,8 +61,13 @@ class Engine:
         self.version = 0
         self.stale_cache = False
         self.tokens_generated = 0  # total sampled tokens, for throughput
+        self.max_pos = 0  # the furthest next position of any running sequence
         self.graphs = (DecodeGraphs(self._decode_into, self.generator, num_slots,
                                     [self.next_token, self.position]) if graphs else None)
+        if self.stream is not None:
+            # The cache, the state tensors and maybe the model were just written on the caller's
+            # stream (the trainer's thread builds engines for evaluation); ours must see them.
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
     # -- queue -----------------------------------------------------------------------------------
     def submit(self, request: GroupRequest) -> None:
@@ -102,7 +109,9 @@ class Engine:
             # The one host sync of the step: sampled tokens and their logprobs.
             parts = [t for t in (first, decoded) if t is not None]
             host = torch.cat(parts, dim=1).cpu() if parts else None
-        return self._bookkeep(admitted, host, first is not None)
+            # Still on the engine's stream: bookkeeping clears `live` for finished slots, and that
+            # write must be ordered before the next step's admission sets it again.
+            return self._bookkeep(admitted, host, first is not None)
 
     def _admit(self) -> tuple[list[Running], torch.Tensor | None]:
         admitted: list[Running] = []
@@ -111,9 +120,15 @@ class Engine:
             request = self.waiting.popleft()
             group = GroupState(request, [Completion() for _ in range(request.n)], request.n)
             groups.append(group)
+            prompt_len = len(request.prompt_ids)
+            # A sequence ends at max_new_tokens, at the context's end, or at its forced length.
+            cap = min(self.params.max_new_tokens, self.max_len - prompt_len)
             for i in range(request.n):
                 slot = heapq.heappop(self.free)
-                admitted.append(Running(group, i, slot, group.completions[i]))
+                limit = cap if request.lengths is None else min(cap, request.lengths[i])
+                admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
+                                        request.lengths is None))
+                self.max_pos = max(self.max_pos, prompt_len)
         if not groups:
             return [], None
         prompts = [g.request.prompt_ids for g in groups]
@@ -140,7 +155,7 @@ class Engine:
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1
-        span = max(r.next_pos for r in self.running.values()) + 1
+        span = self.max_pos + 1  # kept by admission and bookkeeping: no pass over the sequences
         if self.graphs is not None:
             span = min(self.max_len, -(-span // GRAPH_SPAN_BUCKET) * GRAPH_SPAN_BUCKET)
             return self.graphs.run(n, span)
@@ -148,7 +163,7 @@ class Engine:
 
     def _decode_into(self, n: int, span: int) -> torch.Tensor:
         """Decode the first n slots; update next token and position in place; return (2, n)."""
-        hidden = self.fwd.decode(self.cache, self.next_token[:n], self.position[:n], span)
+        hidden = self.decode_fn(self.cache, self.next_token[:n], self.position[:n], span)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
         live = self.live[:n]
         self.next_token[:n] = tok
@@ -165,6 +180,8 @@ class Engine:
         self.stale_cache = False
 
     def _bookkeep(self, admitted: list[Running], host: torch.Tensor | None, has_first: bool) -> list[GroupResult]:
+        """Record the step's tokens on the host; free finished slots. This loop runs once per live
+        sequence per step, so it is kept lean: on a GPU it is time the device may sit idle."""
         if host is None:
             return []
         tokens, logprobs = host[0].long().tolist(), host[1].tolist()
@@ -174,34 +191,37 @@ class Engine:
         offset = len(admitted) if has_first else 0
         for i, r in enumerate(admitted):
             self._append(r, tokens[i], logprobs[i], done_slots, finished)
+        max_pos = 0
         for slot, r in list(self.running.items()):
-            self._append(r, tokens[offset + slot], logprobs[offset + slot], done_slots, finished)
+            pos = self._append(r, tokens[offset + slot], logprobs[offset + slot], done_slots, finished)
+            max_pos = pos if pos > max_pos else max_pos
+        self.max_pos = max_pos
         if done_slots:
             self.live[torch.tensor(done_slots, device=self.device)] = False
         return finished
 
     def _append(self, r: Running, token: int, logprob: float, done_slots: list[int],
-                finished: list[GroupResult]) -> None:
+                finished: list[GroupResult]) -> int:
+        """Record one token; return the sequence's next position, or -1 if it finished."""
         c = r.completion
         c.tokens.append(token)
         c.logprobs.append(logprob)
         c.versions.append(self.version)
         self.tokens_generated += 1
-        forced = r.group.request.lengths
-        if forced is None and token in self.eos_set:
+        length = len(c.tokens)
+        if r.stop_on_eos and token in self.eos_set:
             c.finish_reason = "stop"
-        elif forced is not None and len(c.tokens) >= forced[r.index]:
-            c.finish_reason = "length"
-        elif len(c.tokens) >= self.params.max_new_tokens or r.next_pos + 1 >= self.max_len:
+        elif length >= r.limit:
             c.finish_reason = "length"
         else:
-            return
+            return r.prompt_len + length - 1
         del self.running[r.slot]
         heapq.heappush(self.free, r.slot)
         done_slots.append(r.slot)
         r.group.unfinished -= 1
         if r.group.unfinished == 0:
             finished.append(GroupResult(r.group.request, r.group.completions))
+        return -1
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -46,10 +46,17 @@ class DecodeGraphs:
         # One eager warm-up lets kernels pick their algorithms outside the capture. It writes the
         # same K/V at the same positions that the replay writes again, so only the small decode
         # state needs restoring.
+        # The sampler's random state is restored too, so capturing a graph does not shift the
+        # sampled tokens (a seeded run samples the same with graphs as without).
         saved = [t.clone() for t in self.state]
+        rng = self.generator.get_state() if self.generator is not None else torch.cuda.get_rng_state()
         self.decode(batch, span)
         for t, s in zip(self.state, saved):
             t.copy_(s)
+        if self.generator is not None:
+            self.generator.set_state(rng)
+        else:
+            torch.cuda.set_rng_state(rng)
         graph = torch.cuda.CUDAGraph()
         if self.generator is not None:
             graph.register_generator_state(self.generator)

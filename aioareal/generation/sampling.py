@@ -23,17 +23,23 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (n, V) -> (tokens (n,) int64, logprobs (n,) float32)."""
-    logits = logits.float()
+    """logits (n, V) -> (tokens (n,) int64, logprobs (n,) float32).
+
+    Written for few passes over the (n, V) fp32 tensor (for Qwen's 151,936 words at 256 rows each
+    pass moves 155 MB): the token is argmax(logits/T - log E), the same as over log-probabilities
+    because log-softmax only shifts a row by its log-sum-exp, and the log-prob of the chosen token
+    is one gather minus that log-sum-exp."""
+    scaled = logits.float()
+    if params.temperature != 1.0 and not params.greedy:
+        scaled = scaled / params.temperature
+    lse = torch.logsumexp(scaled, dim=-1)
     if params.greedy:
-        logp = torch.log_softmax(logits, dim=-1)
-        tokens = logp.argmax(dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    scores = logp if params.top_p >= 1.0 else _top_p_filter(logp, params.top_p)
-    noise = torch.empty_like(logp).exponential_(generator=generator)
-    tokens = (scores - noise.log()).argmax(dim=-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        tokens = scaled.argmax(dim=-1)
+    else:
+        scores = scaled if params.top_p >= 1.0 else _top_p_filter(scaled - lse[:, None], params.top_p)
+        noise = torch.empty_like(scaled).exponential_(generator=generator).log_()
+        tokens = torch.sub(scores, noise, out=noise).argmax(dim=-1)
+    return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse
 
 
 def _top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -44,10 +44,13 @@ class Running:
     index: int
     slot: int
     completion: Completion
+    prompt_len: int = 0
+    limit: int = 0  # tokens at which the sequence ends whatever it samples
+    stop_on_eos: bool = True  # False under forced lengths
 
     @property
     def next_pos(self) -> int:
-        return len(self.group.request.prompt_ids) + max(len(self.completion.tokens), 1) - 1
+        return self.prompt_len + max(len(self.completion.tokens), 1) - 1
 
 
 @dataclass
