@@ -1,17 +1,18 @@
-"""The reward service: verifiers run in a thread pool with a timeout, never on the event loop.
+"""The reward service: verifiers run in worker threads with a timeout, never on the event loop.
 
 A verifier that raises, hangs past the timeout, or returns something that is not a finite number
-scores 0 and is counted; the run goes on. A hung verifier thread cannot be killed (Python has no
-thread cancellation), so the pool is sized with headroom and the count of hung calls is reported.
+scores 0 and is counted; the run goes on. Python cannot kill a thread, so each call runs in its own
+daemon thread: a hung verifier is abandoned (and counted in `stats.hung`) without holding one of
+the `workers` slots, so hung calls never starve later ones, and it cannot block the process exit
+the way a ThreadPoolExecutor's joined workers would.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .tasks.base import Example
 
@@ -29,22 +30,26 @@ class RewardStats:
     calls: int = 0
     failures: int = 0  # raised or returned garbage
     timeouts: int = 0
+    hung: int = 0  # timed-out calls whose threads were still running when last checked
 
 
 class RewardService:
     def __init__(self, scorer: BatchScorer, decode: Callable[[list[int]], str], workers: int = 4,
                  timeout_s: float = 10.0) -> None:
         self.scorer, self.decode, self.timeout_s = scorer, decode, timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward")
+        self.workers = workers
         self.stats = RewardStats()
         self._lock = threading.Lock()
+        self._slots: asyncio.Semaphore | None = None  # made on first use, inside the running loop
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+        self._abandoned: list[threading.Thread] = []
 
     def _score_sync(self, completions: list[list[int]], examples: list[Example]) -> tuple[list[float], int]:
-        texts = [self.decode(c) for c in completions]
         try:
+            texts = [self.decode(c) for c in completions]
             raw = list(self.scorer(texts, examples))
-        except Exception:  # a verifier bug must not end a long run: score 0, count it
-            return [0.0] * len(texts), len(texts)
+        except Exception:  # a verifier (or detokenizer) bug must not end a long run: score 0, count it
+            return [0.0] * len(completions), len(completions)
         if len(raw) != len(texts):
             return [0.0] * len(texts), len(texts)
         scores, bad = [], 0
@@ -57,19 +62,44 @@ class RewardService:
     async def score(self, completions: list[list[int]], examples: list[Example]) -> tuple[list[float], int]:
         """Scores for a group's completions and the number of failed verifications among them."""
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.pool, self._score_sync, completions, examples)
-        try:
-            scores, bad = await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            with self._lock:
-                self.stats.calls += 1
-                self.stats.timeouts += 1
-                self.stats.failures += len(completions)
-            return [0.0] * len(completions), len(completions)
+        if self._slots is None or self._slots_loop is not loop:
+            self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
+        async with self._slots:  # at most `workers` verifiers run at once; a hung one gives its slot back
+            future, thread = self._start(completions, examples)
+            try:
+                scores, bad = await asyncio.wait_for(future, self.timeout_s)
+            except asyncio.TimeoutError:
+                with self._lock:
+                    self._abandoned = [t for t in self._abandoned if t.is_alive()] + [thread]
+                    self.stats.calls += 1
+                    self.stats.timeouts += 1
+                    self.stats.failures += len(completions)
+                    self.stats.hung = len(self._abandoned)
+                return [0.0] * len(completions), len(completions)
         with self._lock:
             self.stats.calls += 1
             self.stats.failures += bad
         return scores, bad
 
+    def _start(self, completions: list[list[int]],
+               examples: list[Example]) -> tuple[asyncio.Future[Any], threading.Thread]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(result: tuple[list[float], int]) -> None:
+            if not future.done():  # a timed-out call's late result is dropped
+                future.set_result(result)
+
+        def work() -> None:
+            result = self._score_sync(completions, examples)
+            try:
+                loop.call_soon_threadsafe(deliver, result)
+            except RuntimeError:  # the loop closed while a hung verifier ran: nobody waits any more
+                pass
+
+        thread = threading.Thread(target=work, name="reward", daemon=True)
+        thread.start()
+        return future, thread
+
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to shut down: verifier threads are daemons and end with their call."""

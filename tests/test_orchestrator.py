@@ -174,3 +174,20 @@ def test_buffer_hands_out_groups_in_admission_order_only():
         return [g.group_id for g in await waiter]
 
     assert asyncio.run(go()) == [0, 1]
+
+
+def test_a_failure_while_scoring_a_group_ends_the_run_instead_of_hanging_it():
+    trainer = SimulatedTrainer(base=1.0)
+    gen = SimulatedGenerator(16, trainer, lambda rng: 20, step_base=0.02, seed=0)
+    prompts = PromptSource([Example(str(i), f"q{i}", "a") for i in range(50)], lambda e: [1, 2], seed=0)
+    calls = []
+
+    async def score(group, completions):
+        calls.append(group.group_id)
+        if len(calls) == 3:
+            raise ValueError("scorer bug")
+        return [1.0] * len(completions), 0
+
+    o = Orchestrator(Schedule("async", 2, 4, 4, 10), gen, trainer, prompts, score, Recorder())
+    with pytest.raises(ValueError, match="scorer bug"):  # not a timeout: the run did not wait forever
+        run_virtual(asyncio.wait_for(o.run(), 10_000))

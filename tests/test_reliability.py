@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -273,3 +274,38 @@ def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_ru
     orchestrator = SimpleNamespace(resume_cursor=lambda: 0, now=lambda: 1.0, ledger=Ledger(), reward_failures=0)
     asyncio.run(RunHooks(parts, orchestrator, printer=print).on_stop(3))
     assert torch.equal(saved["rng"]["engine"], at_step_end)
+
+
+def test_hung_verifiers_do_not_starve_later_groups():
+    """Two workers, three verifier calls that hang: with a thread pool the hung calls would hold
+    both workers and every later group would time out and score 0."""
+    release = threading.Event()
+
+    def scorer(texts, examples):
+        if examples[0].answer == "hang":
+            release.wait(10)
+        return [1.0] * len(texts)
+
+    service = RewardService(scorer, decode=lambda ids: "x", workers=2, timeout_s=0.2)
+
+    async def go():
+        ex = lambda mode: [Example("u", "q", mode)] * 2  # noqa: E731
+        hung = await asyncio.gather(*(service.score([[1]] * 2, ex("hang")) for _ in range(3)))
+        later = await asyncio.gather(*(service.score([[1]] * 2, ex("ok")) for _ in range(4)))
+        return hung, later
+
+    try:
+        hung, later = asyncio.run(go())
+        assert hung == [([0.0, 0.0], 2)] * 3
+        assert later == [([1.0, 1.0], 0)] * 4
+        assert service.stats.timeouts == 3 and service.stats.hung == 3
+    finally:
+        release.set()
+
+
+def test_a_detokenizer_error_scores_zero_instead_of_failing_the_group():
+    def decode(ids):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+
+    service = RewardService(lambda texts, examples: [1.0] * len(texts), decode=decode)
+    assert asyncio.run(service.score([[1], [2]], [Example("u", "q", "a")] * 2)) == ([0.0, 0.0], 2)

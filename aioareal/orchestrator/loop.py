@@ -74,6 +74,7 @@ class Orchestrator:
         self.stop_requested = False
         self._trainer_waiting = False  # the trainer is blocked on a batch (see `_admit`)
         self._finishing: set[asyncio.Task] = set()
+        self._failure: asyncio.Future[None] | None = None  # the first exception of a `_finish` task
         self._wake: asyncio.Event | None = None
         self.t0 = 0.0
 
@@ -96,14 +97,16 @@ class Orchestrator:
     async def run(self) -> None:
         self.t0 = asyncio.get_running_loop().time() - self.elapsed_before
         self._wake = asyncio.Event()
+        self._failure = asyncio.get_running_loop().create_future()
         if self.start_version == 0:  # step 0: the policy before any update
             metrics = await self._timed("train", self.train.evaluate())
             await self.hooks.on_eval(0, {"step": 0, "version": 0, "time": self.now(), **metrics})
         tasks = [asyncio.create_task(self._generate(), name="generator"),
                  asyncio.create_task(self._train(), name="trainer")]
         try:
-            # The run ends when the trainer does; the generator only ends early by failing.
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            # The run ends when the trainer does; the generator, or scoring a finished group, only
+            # ends it early by failing.
+            done, _ = await asyncio.wait([*tasks, self._failure], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise a failure of either side
             if not tasks[1].done():
@@ -111,7 +114,9 @@ class Orchestrator:
         finally:
             self.stop_requested = True
             self._wake.set()
-            for task in [*tasks, *self._finishing]:
+            if self._failure.done() and not self._failure.cancelled():
+                self._failure.exception()  # retrieved (maybe re-raised above): no "never retrieved" warning
+            for task in [*tasks, *self._finishing, self._failure]:
                 task.cancel()
             await asyncio.gather(*tasks, *self._finishing, return_exceptions=True)
 
@@ -166,7 +171,14 @@ class Orchestrator:
             for result in results:
                 task = asyncio.create_task(self._finish(result))
                 self._finishing.add(task)
-                task.add_done_callback(self._finishing.discard)
+                task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        """A group's scoring ended. If it failed, the group can never reach the buffer and the
+        trainer would wait for it forever: fail the run instead."""
+        self._finishing.discard(task)
+        if not task.cancelled() and task.exception() is not None and not self._failure.done():
+            self._failure.set_exception(task.exception())
 
     async def _finish(self, result: GroupResult) -> None:
         group: Group = result.request.payload

@@ -52,8 +52,14 @@ def _base_task(config: Config) -> Task:
                          split=d.split, eval_split=d.eval_split if d.path is None else None,
                          eval_path=d.eval_path, eval_size=d.eval_size, skip_bad_rows=d.skip_bad_rows,
                          seed=d.shuffle_seed, question_field=d.prompt_field, answer_field=d.answer_field,
-                         timeout_s=config.reward.timeout_s)
+                         timeout_s=_item_timeout(config))
     raise ConfigError("data.task", f"unknown task '{d.task}' (built in: {', '.join(BUILTIN)})")
+
+
+def _item_timeout(config: Config) -> float:
+    """reward.timeout_s bounds the scoring of a whole group, which checks its G completions one by
+    one; each math-verify call gets an equal share, so one slow answer cannot zero the group."""
+    return config.reward.timeout_s / config.algo.group_size
 
 
 def _custom_task(config: Config) -> Task:
@@ -76,7 +82,7 @@ def _custom_task(config: Config) -> Task:
                        fields=(d.prompt_field,) if config.reward.functions else (d.prompt_field, d.answer_field))
     return CustomTask(source, name=d.task, prompt_field=d.prompt_field, answer_field=d.answer_field,
                       answer_required=not config.reward.functions, chat=d.prompt_template is None,
-                      timeout_s=config.reward.timeout_s)
+                      timeout_s=_item_timeout(config))
 
 
 __all__ = ["ArithmeticTask", "Example", "PromptRenderer", "Task", "build_scorer", "build_task"]
