@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable
 
-from .errors import UserError
+from .errors import RunStopped, UserError
 
 SUBCOMMANDS = ("train", "warmup", "config")
 
@@ -107,6 +107,9 @@ def print_keys() -> None:
 def guarded(debug: bool, fn: Callable[[], int]) -> int:
     try:
         return fn()
+    except RunStopped as e:  # not an error: the run checkpointed and says how to continue
+        print(e, file=sys.stderr)
+        return e.exit_code
     except UserError as e:
         if debug:
             raise

@@ -22,3 +22,13 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A data file is missing, empty or malformed (the message names file and line)."""
+
+
+class RunStopped(UserError):
+    """A run stopped on request (Ctrl-C, SIGTERM) after checkpointing. It exits 128 + the signal
+    number, as a shell expects of a killed job, so a script or a sweep does not carry on as if the
+    run had finished."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

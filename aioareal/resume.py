@@ -12,6 +12,7 @@ from typing import Any, Callable
 from . import checkpoint
 from .config import Config, load_config, to_dict
 from .errors import UserError
+from .io import atomic_write_text
 
 # Keys a resume may change without --force: they do not change what is being trained.
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
@@ -52,6 +53,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
         return train(config, log, printer, header_fn=header_fn)
     step = checkpoint.load_state(latest).step
     if step >= config.train.steps:
+        # Killed between the last checkpoint and DONE: the run is complete, say so for next time.
+        atomic_write_text(run_dir / DONE_FILE, f"{step}\n")
         log(f"{run_dir}: already finished ({step} steps)")
         return run_dir
     (run_dir / DONE_FILE).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ import torch
 
 from . import checkpoint
 from .config import Config, dump_yaml, save_config
-from .errors import UserError
+from .errors import RunStopped, UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
 from .dashboard import Dashboard, plain_line, wants_dashboard
@@ -209,7 +209,7 @@ def install_stop_signals(orchestrator: Orchestrator) -> None:
             os._exit(130)
         print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
               "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
-        orchestrator.request_stop()
+        orchestrator.request_stop(signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -274,6 +274,7 @@ def train(config: Config, log: Callable[[str], None] = print,
     if orchestrator.train.version >= config.train.steps:
         atomic_write_text(run_dir / DONE_FILE, f"{orchestrator.train.version}\n")
         log(f"run written to {run_dir}")
-    else:
-        log(f"stopped at step {orchestrator.train.version}; continue with: python -m aioareal --resume {run_dir}")
+    elif orchestrator.stop_signal is not None:
+        raise RunStopped(f"stopped at step {orchestrator.train.version}; continue with: "
+                         f"python -m aioareal --resume {run_dir}", orchestrator.stop_signal)
     return run_dir

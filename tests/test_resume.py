@@ -82,7 +82,8 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, reference):
         time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM  # stopped, not finished: scripts must not go on
+    assert "continue with: python -m aioareal --resume" in proc.stderr.read()
     stopped_at = len(rows(run_dir)) - 1
     assert stopped_at < STEPS and not (run_dir / "DONE").exists()
     assert checkpoint.load_state(checkpoint.latest_checkpoint(run_dir)).step == stopped_at

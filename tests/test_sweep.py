@@ -77,3 +77,34 @@ def test_interrupted_sweep_finishes_with_exactly_its_runs_and_steps(tmp_path, ti
         ["mode=sync_seed=0", "mode=sync_seed=1", "mode=async_K=2_seed=0", "mode=async_K=2_seed=1"])
     out, _ = sweep(spec, root).communicate(timeout=120)  # a third time: nothing left to do
     assert out.count("(done)") == 4
+
+
+def test_a_stopped_run_stops_the_sweep_with_the_signal_exit_code(tmp_path, tiny_model_path):
+    """SIGTERM during a run: the run checkpoints and the sweep ends with it (exit 143), instead of
+    starting the next run as if the stopped one had finished."""
+    from aioareal.errors import RunStopped
+    from aioareal.experiments.sweep import run_sweep
+
+    def log(line):
+        if line.startswith("step") and line.split("/")[0].split() == ["step", "1"]:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by the run's event loop: finish the step, stop
+
+    root = tmp_path / "runs"
+    with pytest.raises(RunStopped) as info:
+        run_sweep(write_spec(tmp_path), root, log=log)
+    assert info.value.exit_code == 128 + signal.SIGTERM and "--resume" in str(info.value)
+    assert [p.name for p in (root / "mini").iterdir()] == ["mode=sync_seed=0"]  # the next run never started
+    assert not (root / "mini" / "mode=sync_seed=0" / "DONE").exists()
+
+
+def test_resume_of_a_finished_run_that_lost_its_done_file_marks_it_done(tmp_path, tiny_model_path):
+    from aioareal.config import load_config
+    from aioareal.resume import resume
+    from aioareal.run import train
+
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2",
+                                    "eval.every=0", "data.eval_size=8"], flags={"run.run_dir": str(tmp_path / "r")})
+    run_dir = train(config, log=lambda *_: None, printer=lambda row: None)
+    (run_dir / "DONE").unlink()  # killed after the last checkpoint, before DONE was written
+    resume(run_dir, log=lambda *_: None, printer=lambda row: None)
+    assert (run_dir / "DONE").exists()

@@ -72,6 +72,7 @@ class Orchestrator:
         self.next_group_id = 0
         self.busy = {"gen": 0.0, "train": 0.0}
         self.stop_requested = False
+        self.stop_signal: int | None = None
         self._trainer_waiting = False  # the trainer is blocked on a batch (see `_admit`)
         self._finishing: set[asyncio.Task] = set()
         self._failure: asyncio.Future[None] | None = None  # the first exception of a `_finish` task
@@ -120,9 +121,10 @@ class Orchestrator:
                 task.cancel()
             await asyncio.gather(*tasks, *self._finishing, return_exceptions=True)
 
-    def request_stop(self) -> None:
-        """Finish the current training step, then stop."""
+    def request_stop(self, signum: int = 2) -> None:
+        """Finish the current training step, then stop (`signum`: the signal that asked, SIGINT=2)."""
         self.stop_requested = True
+        self.stop_signal = signum
 
     # -- generator side --------------------------------------------------------------------------
     def _still_needed(self) -> int:
