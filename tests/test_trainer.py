@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aioareal import losses
 from aioareal.config import load_config
 from aioareal.generation import Completion
 from aioareal.models import random_model
@@ -101,3 +102,31 @@ def test_trainer_step_updates_the_weights_and_reports(objective):
     assert metrics["grad_norm"] > 0 and metrics["kl"] >= 0 and 0 <= metrics["padding_frac"] < 1
     assert ("capped_frac" in metrics) == (objective == "decoupled")
     assert ("dg_gate_mean" in metrics) == (objective == "dg")
+
+
+def test_fp16_loss_scaler_skips_count_and_leave_the_schedule_alone():
+    from aioareal.trainer.trainer import SCALER_CALIBRATION_SKIPS, NonFiniteError
+
+    config = load_config(overrides=["model.name=random:tiny", "algo.warmup_steps=10"])
+    model = random_model("tiny", torch.float32, torch.device("cpu"))
+    trainer = Trainer(model, config, pad_id=0)
+    trainer.scaler = torch.amp.GradScaler("cpu")  # as on a fp16 GPU (V100-class): same code path
+    param = next(model.parameters())
+
+    def attempt(grad_value: float) -> None:
+        trainer.scaler.scale(torch.ones(()))  # as a backward of a scaled loss would (sets up the scale)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, grad_value)
+        trainer.scaler.unscale_(trainer.optimizer)
+        trainer._optimizer_step(losses.grad_norm_clip(model.parameters(), 1.0))
+
+    before, scale = param.detach().clone(), trainer.scaler.get_scale()
+    attempt(float("inf"))
+    assert torch.equal(param, before) and trainer.skipped_updates == 1
+    assert trainer.scheduler.last_epoch == 0 and trainer.scaler.get_scale() == scale / 2
+    attempt(1.0)
+    assert not torch.equal(param, before) and trainer.consecutive_skips == 0 and trainer.scheduler.last_epoch == 1
+    with pytest.raises(NonFiniteError):
+        for _ in range(trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS):
+            attempt(float("nan"))
+    assert trainer.skipped_updates == 1 + trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS

@@ -27,6 +27,10 @@ class NonFiniteError(UserError):
     exit_code = 3
 
 
+# GradScaler starts at 2**16; sixteen halvings reach a scale of 1.
+SCALER_CALIBRATION_SKIPS = 16
+
+
 class Trainer:
     def __init__(self, model: PreTrainedModel, config: Config, pad_id: int,
                  ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None) -> None:
@@ -145,22 +149,25 @@ class Trainer:
         return [half for mb in part for half in mb.halves()]
 
     def _optimizer_step(self, norm: torch.Tensor) -> None:
-        if self.scaler:  # the scaler skips non-finite steps itself
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
-            return
         # Intentional host sync, once per optimizer step: a non-finite gradient must skip the update.
-        if not bool(torch.isfinite(norm)):
+        finite = bool(torch.isfinite(norm))
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skips the update itself when the unscaled grads overflowed
+            self.scaler.update()  # and then halves the scale
+        elif finite:
+            self.optimizer.step()
+        if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             self.consecutive_skips += 1
-            if self.consecutive_skips >= self.max_consecutive_skips:
+            # fp16 loss scaling overflows a few times by design while it finds its scale (each skip
+            # halves it), so it is allowed that many more skips in a row before the run stops.
+            limit = self.max_consecutive_skips + (SCALER_CALIBRATION_SKIPS if self.scaler else 0)
+            if self.consecutive_skips >= limit:
                 raise NonFiniteError(f"{self.consecutive_skips} consecutive updates had a non-finite loss or "
                                      "gradient; lower algo.lr or check the reward function")
-            return
+            return  # the learning-rate schedule counts updates, not attempts
         self.consecutive_skips = 0
-        self.optimizer.step()
         self.scheduler.step()
 
     def _summary(self, packed: list[list[MicroBatch]], sums: dict[str, torch.Tensor],
