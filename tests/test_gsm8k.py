@@ -57,6 +57,12 @@ def qa(i: int) -> dict:
     ("10-3", "3"),
     ("costs $1,234 in total", "1,234"),
     ("no numbers here", None),
+    # A sentence where an answer should be: look inside it, else fall back to the last number.
+    ("answer: first add 3 and 4 to get 7. So 7", "7"),
+    ("#### The answer is 18", "18"),
+    ("#### so she pays 18 dollars", "18"),
+    ("It drops to \u22125 degrees", "-5"),  # unicode minus in the last-number fallback
+    ("The answer is 7 apples.", "7"),
 ])
 def test_extract_answer(text: str, answer: str | None) -> None:
     assert extract_answer(text) == answer
@@ -68,6 +74,7 @@ def test_extract_answer(text: str, answer: str | None) -> None:
     ("50%", "50"), ("18 dollars", "18"), ("18.", "18"), ("\\$18", "18"), ("1{,}234", "1234"),
     ("5 \\text{ eggs}", "5"), ("\u22124", "-4"),
     ("x + 1", None), ("2 \\cdot 9", None), ("1/0", None), ("", None), ("12,34", None),
+    ("5x", None), ("5 x", "5"), ("5cm", "5"), ("12 m.", "12"),  # a lone letter stuck to it is algebra
 ])
 def test_normalize_number(raw: str, number: str | None) -> None:
     assert normalize_number(raw) == number
@@ -100,6 +107,7 @@ def test_perturbed_answers_score_zero(gsm8k_rows: list[dict]) -> None:
     ("#### 18", "\\boxed{18.00}", 1.0),
     ("#### 18", "\\boxed{\\$18}", 1.0),
     ("#### 18", "\\boxed{19}", 0.0),
+    ("#### 5", "\\boxed{5x}", 0.0),
     ("#### 18", "I cannot tell.", 0.0),
     ("\\frac{1}{3}", "\\boxed{0.333333}", 1.0),
     ("0.75", "\\boxed{\\frac{3}{4}}", 1.0),

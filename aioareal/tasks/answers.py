@@ -18,7 +18,9 @@ _PHRASE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)[\s:*]*(.+)"
 _NUMBER_THEN_PROSE = re.compile(rf"(\$?\s*-?{_NUMBER}(?:\s*/\s*\d+)?%?)\s+[A-Za-z]")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # The canonical forms normalize_number accepts after LaTeX clean-up: sign, number or a/b, then units.
-_PLAIN = re.compile(rf"([+-]?)\s*({_NUMBER}|\d+\s*/\s*\d+)\s*(?:%|[A-Za-z][A-Za-z'/. -]*)?\.?")
+# A unit is %, a word after a space ("5 m", "7 apples") or two letters or more ("5cm"); a lone letter
+# right after the number is algebra ("5x"), not a unit.
+_PLAIN = re.compile(rf"([+-]?)\s*({_NUMBER}|\d+\s*/\s*\d+)(?:\s*%|\s+[A-Za-z][A-Za-z'/. -]*|[A-Za-z]{{2,}}[A-Za-z'/. -]*)?\.?")
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _LATEX_SYMBOLS = (("{,}", ","), ("\\$", ""), ("$", ""), ("\\%", "%"), ("\\!", ""), ("\\,", ""), ("\\;", ""))
@@ -26,11 +28,21 @@ _LATEX_SYMBOLS = (("{,}", ","), ("\\$", ""), ("$", ""), ("\\%", "%"), ("\\!", ""
 
 def extract_answer(text: str) -> str | None:
     """The final answer a completion (or a GSM8K gold solution) commits to, or None if it has none."""
+    text = text.replace("\u2212", "-")  # unicode minus
     for extract in (_last_boxed, _after_hashes, _answer_phrase, _last_number):
         answer = extract(text)
+        if answer and extract in (_after_hashes, _answer_phrase) and _is_prose(answer):
+            # "#### The answer is 18", "answer: first add 3 and 4 to get 7. So 7": a sentence, not an
+            # answer; look inside it, else let the later, weaker extractors (the last number) decide.
+            answer = _answer_phrase(answer) or (_last_number(answer) if extract is _after_hashes else None)
         if answer:
             return answer
     return None
+
+
+def _is_prose(answer: str) -> bool:
+    """Starts with a word and runs three words or more, and is no number with units ("7 apples")."""
+    return bool(re.match(r"[A-Za-z]{2,}", answer)) and len(answer.split()) >= 3 and normalize_number(answer) is None
 
 
 def _last_boxed(text: str) -> str | None:
