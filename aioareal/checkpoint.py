@@ -16,7 +16,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -60,6 +60,34 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+    """The newest checkpoint whose files all read back; an unreadable one (a disk fault, a file
+    edited by hand) is reported and skipped in favour of the one before it."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            check_readable(path)
+            return path
+        except Exception as e:  # any way a file can be broken: report it, try the previous one
+            log(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); trying the one before it")
+    return None
+
+
+def check_readable(path: Path) -> None:
+    """Raise if any file of checkpoint `path` does not load."""
+    from safetensors import safe_open
+
+    load_state(path)
+    load_trainer_state(path, torch.device("cpu"))
+    load_rng(path)
+    weights = sorted((path / "policy").glob("*.safetensors"))
+    if not weights:
+        raise FileNotFoundError(f"no *.safetensors under {path / 'policy'}")
+    for file in weights:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                f.get_slice(key)  # reads the header entry; a truncated file fails here or in safe_open
+
+
 def rng_state(engine_generator: torch.Generator | None) -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -91,7 +119,7 @@ def save(run_dir: Path, state: RunState, model: Any, tokenizer: Any, trainer_sta
     torch.save(trainer_state, tmp / "trainer.pt")
     torch.save(rng, tmp / "rng.pt")
     atomic_write_text(tmp / "state.json", json.dumps(asdict(state), indent=2))
-    _fsync_dir(tmp)
+    _fsync_tree(tmp)  # contents on disk before the rename publishes them: a power cut leaves no husk
     shutil.rmtree(final, ignore_errors=True)  # a checkpoint of the same step from an earlier attempt
     os.replace(tmp, final)
     _fsync_dir(root)
@@ -110,6 +138,16 @@ def load_trainer_state(path: Path, device: torch.device) -> dict[str, Any]:
 
 def load_rng(path: Path) -> dict[str, Any]:
     return torch.load(path / "rng.pt", weights_only=False)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):  # files before the directories holding them
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        else:
+            _fsync_dir(path)
+    _fsync_dir(root)
 
 
 def _fsync_dir(path: Path) -> None:

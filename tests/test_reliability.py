@@ -18,6 +18,7 @@ import torch
 from aioareal import checkpoint
 from aioareal.cli import main
 from aioareal.config import load_config
+from aioareal.errors import UserError
 from aioareal.rewards import RewardService
 from aioareal.run import train
 from aioareal.tasks.base import Example
@@ -309,3 +310,31 @@ def test_a_detokenizer_error_scores_zero_instead_of_failing_the_group():
 
     service = RewardService(lambda texts, examples: [1.0] * len(texts), decode=decode)
     assert asyncio.run(service.score([[1], [2]], [Example("u", "q", "a")] * 2)) == ([0.0, 0.0], 2)
+
+
+def test_resume_skips_an_unreadable_checkpoint_for_the_one_before_it(tmp_path):
+    from aioareal.resume import resume
+
+    run_dir = tmp_path / "run"
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=3", "algo.batch_groups=2", "eval.every=0",
+                                    "data.eval_size=8", "run.checkpoint_every=1", "run.keep_checkpoints=3"],
+                         flags={"run.run_dir": str(run_dir)})
+    train(config, **QUIET)
+    newest = checkpoint.latest_checkpoint(run_dir)
+    weights = newest / "policy" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a disk fault after the rename
+    (run_dir / "DONE").unlink()
+    lines = []
+    resume(run_dir, log=lines.append, printer=lambda row: None)
+    assert any("is unreadable" in line and newest.name in line for line in lines)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 3 redone from step 2's checkpoint, once
+    assert (run_dir / "DONE").exists()
+    for path in checkpoint.list_checkpoints(run_dir):
+        checkpoint.check_readable(path)
+    for path in checkpoint.list_checkpoints(run_dir):  # every checkpoint broken: refuse, change nothing
+        (path / "trainer.pt").write_bytes(b"garbage")
+    (run_dir / "DONE").unlink()
+    with pytest.raises(UserError, match="no checkpoint .* reads back"):
+        resume(run_dir, log=lambda *_: None, printer=lambda row: None)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
