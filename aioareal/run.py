@@ -186,7 +186,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
         return await parts.rewards.score(completions, [group.example] * len(completions))
 
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
-                        c.train.steps, c.eval.every)
+                        c.train.steps, c.eval.every, c.algo.drop_constant_groups)
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score, hooks=None,
                                 resume=parts.resume)
     orchestrator.hooks = RunHooks(parts, orchestrator, printer)

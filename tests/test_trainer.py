@@ -130,3 +130,16 @@ def test_fp16_loss_scaler_skips_count_and_leave_the_schedule_alone():
         for _ in range(trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS):
             attempt(float("nan"))
     assert trainer.skipped_updates == 1 + trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS
+
+
+def test_drop_constant_groups_stops_a_run_that_can_never_fill_a_batch(tmp_path):
+    """Random weights never answer right, so every group's rewards are all 0 and the filter (now a
+    config key) rejects them all: the run must end with a clear error, not generate forever."""
+    from aioareal.errors import UserError
+    from aioareal.run import train
+
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2",
+                                    "eval.every=0", "data.eval_size=8", "algo.drop_constant_groups=true"],
+                         flags={"run.run_dir": str(tmp_path / "run")})
+    with pytest.raises(UserError, match="drop_constant_groups rejected 21 groups in a row"):
+        train(config, log=lambda *_: None, printer=lambda row: None)

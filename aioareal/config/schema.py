@@ -110,6 +110,9 @@ class AlgoConfig:
     clip_eps_low: float = doc("PPO clip: ratio >= 1 - eps_low", 0.2)
     clip_eps_high: float = doc("PPO clip: ratio <= 1 + eps_high (DAPO 'clip higher' uses 0.28)", 0.2)
     adv_std_norm: bool = doc("divide group advantages by their std (false = Dr. GRPO)", True)
+    drop_constant_groups: bool = doc("reject groups whose rewards are all equal (zero advantage: no gradient) "
+                                     "and generate others in their place (DAPO's dynamic sampling); "
+                                     "counted as groups_rejected", False)
     loss_agg: Literal["token-mean", "seq-mean", "constant"] = doc(
         "token-mean | seq-mean | constant (Dr. GRPO: sum / (batch * max_new_tokens))", "token-mean")
     kl_coef: float = doc("k3 KL penalty to the frozen reference; 0 frees the reference model", 0.0)

@@ -128,7 +128,7 @@ class Engine:
                 limit = cap if request.lengths is None else min(cap, request.lengths[i])
                 admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
                                         request.lengths is None))
-                self.max_pos = max(self.max_pos, prompt_len)
+            self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
         if not groups:
             return [], None
         prompts = [g.request.prompt_ids for g in groups]

@@ -14,12 +14,16 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
+from ..errors import UserError
 from ..generation import GroupRequest, GroupResult
 from ..prompts import PromptSource
 from ..samples import Group, Sample
 from .admission import Admission, Ledger, OldestFirstBuffer
 from .rows import sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
+
+# drop_constant_groups gives up after this many batches' worth of rejected groups in a row.
+REJECT_LIMIT = 10
 
 # (group, completions' token ids) -> (one reward per completion, failed verifications)
 GroupScorer = Callable[[Group, list[list[int]]], Awaitable[tuple[list[float], int]]]
@@ -72,6 +76,7 @@ class Orchestrator:
         self.next_group_id = 0
         self.busy = {"gen": 0.0, "train": 0.0}
         self.stop_requested = False
+        self.rejected_in_a_row = 0  # by drop_constant_groups, to stop a run that can never fill a batch
         self.stop_signal: int | None = None
         self._trainer_waiting = False  # the trainer is blocked on a batch (see `_admit`)
         self._finishing: set[asyncio.Task] = set()
@@ -190,6 +195,11 @@ class Orchestrator:
         group.reward_failures = failures
         self.reward_failures += failures
         kept = not (self.s.drop_constant_groups and len(set(rewards)) == 1)
+        self.rejected_in_a_row = 0 if kept else self.rejected_in_a_row + 1
+        if self.rejected_in_a_row > REJECT_LIMIT * self.s.batch_groups:
+            raise UserError(f"algo.drop_constant_groups rejected {self.rejected_in_a_row} groups in a row: every "
+                            "group's rewards are equal (the policy solves all of its prompts or none); turn the "
+                            "filter off, or start from a policy that solves some")
         self.admission.finish(kept)
         if kept:
             self.buffer.finished(group)
