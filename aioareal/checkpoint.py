@@ -61,15 +61,26 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
-    """The newest checkpoint whose files all read back; an unreadable one (a disk fault, a file
-    edited by hand) is reported and skipped in favour of the one before it."""
+    """The newest checkpoint whose files all read back. An unreadable one (a disk fault, a file
+    edited by hand) is reported and renamed `broken-step-N`, kept for inspection but no longer a
+    checkpoint: it must not count towards keep_checkpoints, or pruning would delete a good one."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             check_readable(path)
             return path
         except Exception as e:  # any way a file can be broken: report it, try the previous one
-            log(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); trying the one before it")
+            aside = path.with_name(f"broken-{path.name}")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            log(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to {aside.name}, "
+                "trying the one before it")
     return None
+
+
+def broken_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoints `latest_readable` found unreadable and moved aside."""
+    root = checkpoint_dir(run_dir)
+    return sorted(root.glob(f"broken-{PREFIX}*")) if root.is_dir() else []
 
 
 def check_readable(path: Path) -> None:

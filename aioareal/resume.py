@@ -46,9 +46,9 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
     run_dir = Path(run_dir)
     config = resume_config(run_dir, overrides or [], flags or {}, force)
     latest = checkpoint.latest_readable(run_dir, log)
-    if latest is None and checkpoint.list_checkpoints(run_dir):
-        raise UserError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} reads back; "
-                        "nothing was changed (move the checkpoints away to start the run over)")
+    if latest is None and checkpoint.broken_checkpoints(run_dir):  # never "start over" past broken ones
+        raise UserError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} reads back (each is "
+                        "kept as broken-step-N); metrics and samples were left as they are")
     if latest is None:
         log(f"{run_dir}: no checkpoint yet, starting it over")
         for name in ("metrics.jsonl", "samples.jsonl"):

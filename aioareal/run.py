@@ -206,7 +206,7 @@ def install_stop_signals(orchestrator: Orchestrator) -> None:
             # Immediate exit is safe: checkpoints are renamed into place and metrics lines are
             # single appends that a resume repairs.
             print("exiting now", file=sys.stderr, flush=True)
-            os._exit(130)
+            os._exit(128 + signum)
         print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
               "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
         orchestrator.request_stop(signum)

@@ -61,6 +61,8 @@ def qa(i: int) -> dict:
     ("answer: first add 3 and 4 to get 7. So 7", "7"),
     ("#### The answer is 18", "18"),
     ("#### so she pays 18 dollars", "18"),
+    ("#### The answer is the sum of 3 and 4 which is 7", "7"),
+    ("The answer is the total of 18 apples. I checked 3 times.", "18"),
     ("It drops to \u22125 degrees", "-5"),  # unicode minus in the last-number fallback
     ("The answer is 7 apples.", "7"),
 ])
@@ -74,7 +76,7 @@ def test_extract_answer(text: str, answer: str | None) -> None:
     ("50%", "50"), ("18 dollars", "18"), ("18.", "18"), ("\\$18", "18"), ("1{,}234", "1234"),
     ("5 \\text{ eggs}", "5"), ("\u22124", "-4"),
     ("x + 1", None), ("2 \\cdot 9", None), ("1/0", None), ("", None), ("12,34", None),
-    ("5x", None), ("5 x", "5"), ("5cm", "5"), ("12 m.", "12"),  # a lone letter stuck to it is algebra
+    ("5x", None), ("2xy", None), ("3pi", None), ("5 x", "5"), ("5cm", "5"), ("5m", "5"), ("12 m.", "12"),
 ])
 def test_normalize_number(raw: str, number: str | None) -> None:
     assert normalize_number(raw) == number

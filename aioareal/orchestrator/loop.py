@@ -22,8 +22,9 @@ from .admission import Admission, Ledger, OldestFirstBuffer
 from .rows import sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
 
-# drop_constant_groups gives up after this many batches' worth of rejected groups in a row.
-REJECT_LIMIT = 10
+# drop_constant_groups gives up after this many batches' worth of rejected groups in a row: far
+# beyond what a model that solves 90% of its prompts produces by chance (0.9**200 < 1e-9 at B=2).
+REJECT_LIMIT = 100
 
 # (group, completions' token ids) -> (one reward per completion, failed verifications)
 GroupScorer = Callable[[Group, list[list[int]]], Awaitable[tuple[list[float], int]]]
@@ -148,8 +149,10 @@ class Orchestrator:
             while room > 0 and self.gen.free_slots() >= s.group_size:
                 self._submit(version)
                 room -= 1
-        elif not self.gen.busy and room >= s.batch_groups:
-            for _ in range(s.batch_groups):  # sync and one-step generate whole batches
+        elif not self.gen.busy and room > 0:
+            # Sync and one-step generate whole batches; after drop_constant_groups rejected some,
+            # the next round generates only the replacements (room < B), else the batch never fills.
+            for _ in range(min(room, s.batch_groups)):
                 self._submit(version)
 
     def _submit(self, version: int) -> None:

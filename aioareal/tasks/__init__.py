@@ -58,8 +58,10 @@ def _base_task(config: Config) -> Task:
 
 def _item_timeout(config: Config) -> float:
     """reward.timeout_s bounds the scoring of a whole group, which checks its G completions one by
-    one; each math-verify call gets an equal share, so one slow answer cannot zero the group."""
-    return config.reward.timeout_s / config.algo.group_size
+    one; each math-verify call gets an equal share, so one slow answer cannot zero the group, but
+    at least a second (sympy's first calls are slow) unless the whole timeout is shorter."""
+    share = config.reward.timeout_s / config.algo.group_size
+    return min(config.reward.timeout_s, max(share, 1.0))
 
 
 def _custom_task(config: Config) -> Task:

@@ -18,9 +18,9 @@ _PHRASE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)[\s:*]*(.+)"
 _NUMBER_THEN_PROSE = re.compile(rf"(\$?\s*-?{_NUMBER}(?:\s*/\s*\d+)?%?)\s+[A-Za-z]")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # The canonical forms normalize_number accepts after LaTeX clean-up: sign, number or a/b, then units.
-# A unit is %, a word after a space ("5 m", "7 apples") or two letters or more ("5cm"); a lone letter
-# right after the number is algebra ("5x"), not a unit.
-_PLAIN = re.compile(rf"([+-]?)\s*({_NUMBER}|\d+\s*/\s*\d+)(?:\s*%|\s+[A-Za-z][A-Za-z'/. -]*|[A-Za-z]{{2,}}[A-Za-z'/. -]*)?\.?")
+# A unit is %, or a word after the number ("5 m", "7 apples", "5cm", "5m"), except that letters stuck
+# to the number starting with x, y or z, or "pi", are algebra ("5x", "2xy", "3pi"), not a unit.
+_PLAIN = re.compile(rf"([+-]?)\s*({_NUMBER}|\d+\s*/\s*\d+)(?:\s*%|\s+[A-Za-z][A-Za-z'/. -]*|(?![xyzXYZ]|pi\b)[A-Za-z][A-Za-z'/. -]*)?\.?")
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _LATEX_SYMBOLS = (("{,}", ","), ("\\$", ""), ("$", ""), ("\\%", "%"), ("\\!", ""), ("\\,", ""), ("\\;", ""))
@@ -32,9 +32,10 @@ def extract_answer(text: str) -> str | None:
     for extract in (_last_boxed, _after_hashes, _answer_phrase, _last_number):
         answer = extract(text)
         if answer and extract in (_after_hashes, _answer_phrase) and _is_prose(answer):
-            # "#### The answer is 18", "answer: first add 3 and 4 to get 7. So 7": a sentence, not an
-            # answer; look inside it, else let the later, weaker extractors (the last number) decide.
-            answer = _answer_phrase(answer) or (_last_number(answer) if extract is _after_hashes else None)
+            # "#### The answer is 18", "answer: first add 3 and 4 to get 7": a sentence, not an
+            # answer; take the answer phrase inside it, else the sentence's last number.
+            inner = _answer_phrase(answer)
+            answer = inner if inner and not _is_prose(inner) else _last_number(answer)
         if answer:
             return answer
     return None
