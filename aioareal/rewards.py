@@ -14,7 +14,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .errors import UserError
 from .tasks.base import Example
+
+# Verifier threads still running after their timeout, beyond which the run stops (see _check_hung).
+MAX_HUNG = 64
 
 # completions (texts), examples (one per completion) -> one score per completion
 BatchScorer = Callable[[list[str], list[Example]], Sequence[float]]
@@ -65,6 +69,7 @@ class RewardService:
         if self._slots is None or self._slots_loop is not loop:
             self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
         async with self._slots:  # at most `workers` verifiers run at once; a hung one gives its slot back
+            self._check_hung()
             future, thread = self._start(completions, examples)
             try:
                 scores, bad = await asyncio.wait_for(future, self.timeout_s)
@@ -80,6 +85,16 @@ class RewardService:
             self.stats.calls += 1
             self.stats.failures += bad
         return scores, bad
+
+    def _check_hung(self) -> None:
+        """Occasional hangs score 0 and the run goes on; a verifier that hangs for good would pile
+        up threads (each competing for the GIL) while every reward reads 0, so that ends the run."""
+        with self._lock:
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            self.stats.hung = len(self._abandoned)
+        if self.stats.hung >= MAX_HUNG:
+            raise UserError(f"{self.stats.hung} reward verifier calls are still running long after reward.timeout_s="
+                            f"{self.timeout_s}s: the verifier hangs; fix it or raise the timeout")
 
     def _start(self, completions: list[list[int]],
                examples: list[Example]) -> tuple[asyncio.Future[Any], threading.Thread]:

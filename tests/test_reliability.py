@@ -340,3 +340,27 @@ def test_resume_skips_an_unreadable_checkpoint_for_the_one_before_it(tmp_path):
         with pytest.raises(UserError, match="no checkpoint .* reads back"):
             resume(run_dir, log=lambda *_: None, printer=lambda row: None)
         assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_verifier_that_hangs_for_good_ends_the_run_instead_of_piling_up_threads(monkeypatch):
+    import aioareal.rewards as rewards_module
+
+    monkeypatch.setattr(rewards_module, "MAX_HUNG", 3)
+    release = threading.Event()
+
+    def scorer(texts, examples):
+        release.wait(10)
+        return [1.0] * len(texts)
+
+    service = RewardService(scorer, decode=lambda ids: "x", workers=2, timeout_s=0.05)
+
+    async def go():
+        for _ in range(3):  # each times out and scores 0: the run goes on
+            assert await service.score([[1]], [Example("u", "q", "a")]) == ([0.0], 1)
+        await service.score([[1]], [Example("u", "q", "a")])
+
+    try:
+        with pytest.raises(UserError, match="3 reward verifier calls are still running"):
+            asyncio.run(go())
+    finally:
+        release.set()
