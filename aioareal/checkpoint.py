@@ -167,3 +167,30 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- restore and the finished marker --------------------------------------------------------------
+DONE_FILE = "DONE"  # written when a run has trained all its steps; sweeps skip such runs
+
+
+def mark_done(run_dir: Path, step: int) -> None:
+    atomic_write_text(Path(run_dir) / DONE_FILE, f"{step}\n")
+
+
+def is_done(run_dir: Path) -> bool:
+    return (Path(run_dir) / DONE_FILE).exists()
+
+
+def clear_done(run_dir: Path) -> None:
+    (Path(run_dir) / DONE_FILE).unlink(missing_ok=True)
+
+
+def restore(path: Path, trainer: Any, engine: Any) -> RunState:
+    """Continue from checkpoint `path`: the trainer's optimizer, schedule and version, the engine's
+    version, every RNG. (The policy weights were loaded from `path / "policy"` when the models
+    were built; the weight sync starts at the trainer's version.) Returns the run's counters."""
+    state = load_state(path)
+    trainer.load_state_dict(load_trainer_state(path, trainer.device))
+    engine.version = state.step
+    restore_rng(load_rng(path), engine.generator)
+    return state

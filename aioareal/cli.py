@@ -10,10 +10,7 @@ import os
 import sys
 from typing import Callable
 
-from .errors import RunStopped, UserError
-
-SUBCOMMANDS = ("train", "warmup", "config")
-
+from .errors import UserError, guarded
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
@@ -102,22 +99,6 @@ def print_keys() -> None:
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             print(f"{section}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
-
-
-def guarded(debug: bool, fn: Callable[[], int]) -> int:
-    try:
-        return fn()
-    except RunStopped as e:  # not an error: the run checkpointed and says how to continue
-        print(e, file=sys.stderr)
-        return e.exit_code
-    except UserError as e:
-        if debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 def main(argv: list[str] | None = None) -> int:

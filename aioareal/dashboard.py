@@ -1,8 +1,8 @@
 """The live terminal dashboard, and the plain one-line-per-step format used when there is no TTY.
 
-Design: the dashboard only reads a `Snapshot` (aioareal/live.py), it never computes on the event
-loop. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there; everything it
-draws is formatting of numbers the run already holds. `render` is a pure function of the snapshot
+Design: the dashboard only reads a `Snapshot` (aioareal/live.py), which the event loop builds and
+swaps in whole. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there to fetch
+the latest one; everything it draws is formatting of numbers the run already holds. `render` is a pure function of the snapshot
 (and the terminal width, read at render time): sparklines, bars and the busy timelines grow with
 the width; at >= 90 columns the panels sit in a two-column grid that stays within 30 rows at
 100 columns, narrower terminals stack them. A failing snapshot or render shows a one-line error
@@ -119,10 +119,23 @@ def _throughput(s: Snapshot, width: int) -> list[Text]:
         _line(("train ", "dim"), f"{s.train_tokens_per_s:>8,.0f} tok/s  ", (bar(train, busy_w), "yellow"),
               f" {train:>4.0%} busy"),
         _line(("samples ", "dim"), f"{s.samples_per_s:.1f}/s"),
+        _line(("step s ", "dim"), _phases(s.train_phases, width - 7)),  # seconds per phase, last step
+        _line(("gen s  ", "dim"), _phases(s.gen_phases, width - 7)),
         _line(("busy per step, oldest to newest", "dim")),
         _line(("gen   ", "dim"), (timeline(s.gen_busy, width - 6), "green")),
         _line(("train ", "dim"), (timeline(s.train_busy, width - 6), "yellow")),
     ]
+
+
+def _phases(seconds: dict[str, float], width: int) -> str:
+    """The phases that took longest, `name 0.41s` each, as many as fit in `width`."""
+    text = ""
+    for name, value in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        item = f"{name} {value:.2f}s"
+        if len(text) + len(item) + 2 > width:
+            break
+        text = f"{text}  {item}" if text else item
+    return text or "-"
 
 
 def _hist_rows(hist: dict[int, int]) -> list[tuple[str, int]]:

@@ -5,6 +5,9 @@ one line and exits with code 2; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import sys
+from typing import Callable
+
 
 class UserError(Exception):
     """An error caused by the user's input; printed as one line, exit code 2."""
@@ -32,3 +35,21 @@ class RunStopped(UserError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def guarded(debug: bool, fn: Callable[[], int]) -> int:
+    """Run a command: a user error becomes one line on stderr and its exit code (`debug` re-raises
+    it with its traceback); a stopped run says how to continue."""
+    try:
+        return fn()
+    except RunStopped as e:  # not an error: the run checkpointed and says how to continue
+        print(e, file=sys.stderr)
+        return e.exit_code
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,60 +1,55 @@
-"""What happens around each training step: write the rows, feed the live view, checkpoint."""
+"""What the run does with each step's report: write the rows, show them, checkpoint on schedule.
+The hooks see plain data (`StepReport`, `RunState`) and a few narrow callables, never the parts."""
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable
 
 from . import checkpoint
-from .samples import Group
+from .checkpoint import RunState
+from .orchestrator import StepReport
 
-if TYPE_CHECKING:
-    from .orchestrator import Orchestrator
-    from .run import Parts
+SaveCheckpoint = Callable[[RunState], Awaitable[None]]
 
 
 class RunHooks:
-    def __init__(self, parts: "Parts", orchestrator: "Orchestrator",
-                 printer: Callable[[dict[str, Any]], None]) -> None:
-        self.parts, self.o, self.printer = parts, orchestrator, printer
-        self.last_checkpoint = parts.start_step
+    def __init__(self, write_row: Callable[[dict[str, Any]], None],
+                 write_samples: Callable[[list[dict[str, Any]]], None], show: Callable[[StepReport], None],
+                 save: SaveCheckpoint, checkpoint_every: int, steps: int, start_step: int = 0) -> None:
+        self.write_row, self.write_samples, self.show, self.save = write_row, write_samples, show, save
+        self.checkpoint_every, self.steps = checkpoint_every, steps
+        self.last_checkpoint = start_step
 
-    async def on_eval(self, step: int, row: dict[str, Any]) -> None:
-        self.parts.log.step(row)
-        if self.parts.live is not None:
-            self.parts.live.record(row)
-        self.printer(row)
+    async def on_step(self, report: StepReport) -> None:
+        self.write_row(report.row)
+        self.write_samples(report.samples)
+        self.show(report)
+        step, every = report.step, self.checkpoint_every
+        if report.groups and ((every and step % every == 0) or step == self.steps):
+            await self._save(report.state)
 
-    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None:
-        samples = self.o.sample_rows(step, groups)
-        self.parts.log.step(row)
-        self.parts.log.samples(samples)
-        if self.parts.live is not None:
-            self.parts.live.record(row, [s["staleness"] for s in samples])
-        self.printer(row)
-        every, steps = self.parts.config.run.checkpoint_every, self.parts.config.train.steps
-        if (every and step % every == 0) or step == steps:
-            await self.save(step)
-
-    async def on_stop(self, step: int) -> None:
+    async def on_stop(self, state: RunState) -> None:
         """A requested stop (Ctrl-C, SIGTERM) ends after a finished step: keep it."""
-        if step != self.last_checkpoint:
-            await self.save(step)
+        if state.step != self.last_checkpoint:
+            await self._save(state)
 
-    async def save(self, step: int) -> None:
-        # The counters and random states are read here, on the loop thread, before anything can
-        # await: once this coroutine yields, the generator may start the next batch and draw from
-        # the sampling RNG, and a resumed run would then sample differently from an unbroken one.
-        # The files are written on the trainer's thread, where no update can change the weights.
-        state = checkpoint.RunState(step=step, cursor=self.o.resume_cursor(), elapsed=self.o.now(),
-                                    ledger=asdict(self.o.ledger), reward_failures=self.o.reward_failures)
-        parts = self.parts
-        trainer = parts.trainer.trainer
-        rng = checkpoint.rng_state(parts.engine.generator)
+    async def _save(self, state: RunState) -> None:
+        await self.save(state)
+        self.last_checkpoint = state.step
+
+
+def checkpoint_saver(run_dir: Any, trainer_worker: Any, engine_generator: Any, tokenizer: Any,
+                     keep: int) -> SaveCheckpoint:
+    """Save a checkpoint of `state`: files written on the trainer's thread, where no update can
+    change the weights meanwhile (`trainer_worker.call`)."""
+    async def save(state: RunState) -> None:
+        # The random states are read here, on the loop thread, before anything can await: once
+        # this coroutine yields, the generator may start the next batch and draw from the sampling
+        # RNG, and a resumed run would then sample differently from an unbroken one.
+        rng = checkpoint.rng_state(engine_generator)
+        trainer = trainer_worker.trainer
 
         def write() -> None:
-            checkpoint.save(parts.run_dir, state, trainer.model, parts.tokenizer, trainer.state_dict(),
-                            rng, parts.config.run.keep_checkpoints)
+            checkpoint.save(run_dir, state, trainer.model, tokenizer, trainer.state_dict(), rng, keep)
 
-        await parts.trainer.call(write)
-        self.last_checkpoint = step
-
+        await trainer_worker.call(write)
+    return save

@@ -63,10 +63,6 @@ def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None =
             yield row
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    return list(iter_jsonl(path))
-
-
 def repair_jsonl(path: str | Path, keep: Any = None) -> int:
     """Drop a torn last line and rows for which `keep(row)` is false; rewrite atomically. Returns rows kept."""
     path = Path(path)

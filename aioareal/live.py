@@ -1,13 +1,16 @@
-"""Live state of a run for the dashboard: a cheap, read-only snapshot.
+"""Live state of a run for the dashboard: a snapshot built on the event loop, read from rich's thread.
 
-The run's hooks `record` each step's metrics row (histories live here, bounded); `snapshot()`
-adds the orchestrator's live counters (versions, queue depths). The dashboard calls `snapshot()`
-from its refresh thread: attribute reads only, no computation on the event loop, no locks the
-loop could wait on.
+The run `record`s each step's metrics row (histories live here, bounded) and, a few times a second,
+`refresh`es the snapshot with the orchestrator's live counters (versions, queue depths), all on the
+event loop's thread. The dashboard's refresh thread only reads `latest`, a finished `Snapshot`
+swapped in whole: it never iterates a deque the loop is changing, and takes no lock the loop
+could wait on.
 """
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +49,8 @@ class Snapshot:
     grad_norm: float | None = None
     clip_frac: float | None = None
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
+    train_phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last step
+    gen_phases: dict[str, float] = field(default_factory=dict)  # generator seconds per phase, same interval
 
 
 class LiveState:
@@ -65,7 +70,8 @@ class LiveState:
         self.evals: deque[tuple[int, float]] = deque(maxlen=self.HISTORY)
         self.staleness: deque[Counter] = deque(maxlen=self.STALENESS_BATCHES)
         self.step_times: deque[tuple[int, float]] = deque(maxlen=20)
-        self.orchestrator: Any = None
+        self.counters: dict[str, int] = {}
+        self.latest = self.base  # what the dashboard draws; replaced whole by `refresh`
 
     def record(self, row: dict[str, Any], staleness: list[int] | None = None) -> None:
         self.last_row = row
@@ -86,8 +92,22 @@ class LiveState:
         (s0, t0), (s1, t1) = self.step_times[0], self.step_times[-1]
         return (total - step) * (t1 - t0) / (s1 - s0) if s1 > s0 else None
 
-    def snapshot(self) -> Snapshot:
-        row, o = self.last_row, self.orchestrator
+    def refresh(self, counters: dict[str, int] | None = None) -> Snapshot:
+        """Build the snapshot (on the event loop's thread) from the recorded rows and the
+        orchestrator's `live_counters()`, and publish it as `latest`."""
+        if counters is not None:
+            self.counters = counters
+        self.latest = self._build()
+        return self.latest
+
+    async def keep_fresh(self, counters: Callable[[], dict[str, int]], every_s: float = 0.25) -> None:
+        """Refresh `latest` every `every_s` seconds until cancelled (run it on the event loop)."""
+        while True:
+            self.refresh(counters())
+            await asyncio.sleep(every_s)
+
+    def _build(self) -> Snapshot:
+        row = self.last_row
         snap = Snapshot(**{**self.base.__dict__})
         snap.elapsed = time.monotonic() - self.started
         snap.step = row.get("step", 0)
@@ -102,10 +122,10 @@ class LiveState:
         snap.rewards, snap.evals = list(self.rewards), list(self.evals)
         snap.gen_busy, snap.train_busy = list(self.gen_busy), list(self.train_busy)
         snap.staleness_hist = dict(sum(self.staleness, Counter()))
-        if o is not None:
-            snap.trainer_version, snap.generator_version = o.train.version, o.gen.version
-            snap.groups_running = o.admission.running
-            snap.groups_ready = o.buffer.ready()
+        for key, value in self.counters.items():  # trainer/generator version, groups running/ready
+            setattr(snap, key, value)
+        snap.train_phases = {k[5:]: v for k, v in row.items() if k.startswith("time_") and not k.startswith("time_gen_")}
+        snap.gen_phases = {k[9:]: v for k, v in row.items() if k.startswith("time_gen_")}
         snap.gpu_memory = [(str(d), torch.cuda.memory_allocated(d) / 2**30,
                             torch.cuda.get_device_properties(d).total_memory / 2**30) for d in self.cuda_devices]
         return snap

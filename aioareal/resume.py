@@ -1,4 +1,7 @@
-"""`--resume runs/NAME`: continue an interrupted run from its latest checkpoint.
+"""`--resume runs/NAME`: continue an interrupted run from its latest checkpoint. Every decision of
+a resume is here: which config (`resume_config`), which checkpoint (`latest_readable`, never past
+broken ones), or none (start over), or nothing to do (the run had finished); `run.train` then
+restores the chosen checkpoint (`checkpoint.restore`) and goes on.
 
 The run's saved config is the base; flags and overrides may extend it (more `train.steps`, another
 display), but a change to anything that shapes the training itself is refused unless forced: a
@@ -12,7 +15,7 @@ from typing import Any, Callable
 from . import checkpoint
 from .config import Config, load_config, to_dict
 from .errors import UserError
-from .io import atomic_write_text
+from .run import train
 
 # Keys a resume may change without --force: they do not change what is being trained.
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
@@ -41,8 +44,6 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
            force: bool = False, log: Callable[[str], None] = print,
            printer: Callable[[dict[str, Any]], None] | None = None,
            header_fn: Callable[[], str] | None = None) -> Path:
-    from .run import DONE_FILE, train
-
     run_dir = Path(run_dir)
     config = resume_config(run_dir, overrides or [], flags or {}, force)
     latest = checkpoint.latest_readable(run_dir, log)
@@ -57,8 +58,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
     step = checkpoint.load_state(latest).step
     if step >= config.train.steps:
         # Killed between the last checkpoint and DONE: the run is complete, say so for next time.
-        atomic_write_text(run_dir / DONE_FILE, f"{step}\n")
+        checkpoint.mark_done(run_dir, step)
         log(f"{run_dir}: already finished ({step} steps)")
         return run_dir
-    (run_dir / DONE_FILE).unlink(missing_ok=True)
+    checkpoint.clear_done(run_dir)
     return train(config, log, printer, resume_from=latest, header_fn=header_fn)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import os
+import random
 import signal
 import sys
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,40 +16,21 @@ from typing import Any, Callable
 import torch
 
 from . import checkpoint
+from .build import (Prompts, build_data, build_engine, build_evaluator, build_models, build_prompts, build_rewards,
+                    build_trainer, build_workers, context_length, model_path, resolve_device)
+from .checkpoint import RunState
 from .config import Config, dump_yaml, save_config
-from .errors import RunStopped, UserError
-from .evaluation import EvalSet, evaluate
-from .generation import Engine, SamplingParams
 from .dashboard import Dashboard, plain_line, wants_dashboard
-from .hooks import RunHooks
-from .io import atomic_write_text
+from .errors import RunStopped, UserError
+from .generation import Engine
+from .hooks import RunHooks, checkpoint_saver
 from .live import LiveState
 from .metrics import RunLog
-from .models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
-from .orchestrator import EngineWorker, Orchestrator, Schedule, TrainerWorker
-from .orchestrator.loop import Resume
+from .models import eos_token_ids, load_tokenizer
+from .orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from .prompts import PromptSource
 from .rewards import RewardService
 from .samples import Group
-from .tasks import PromptRenderer, build_scorer, build_task
-from .tasks.base import Example
-from .trainer import Trainer
-from .weightsync import WeightSync
-
-DONE_FILE = "DONE"
-
-
-def resolve_device(name: str, role: str) -> torch.device:
-    """'auto': the generator on cuda:0, the trainer on cuda:1 when there are two GPUs, else both on
-    cuda:0; the CPU when there is no GPU."""
-    if name != "auto":
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
-        return device
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
 
 
 def default_run_dir(config: Config) -> Path:
@@ -60,6 +40,8 @@ def default_run_dir(config: Config) -> Path:
 
 @dataclass
 class Parts:
+    """Everything one run is made of, built by `setup` and released by `cleanup`."""
+
     config: Config
     run_dir: Path
     engine: Engine
@@ -68,42 +50,13 @@ class Parts:
     rewards: RewardService
     prompts: PromptSource
     log: RunLog
-    decode: Callable[[list[int]], str]
     tokenizer: Any
-    live: LiveState | None
-    start_step: int = 0
-    resume: Resume | None = None
+    live: LiveState
+    resume: RunState | None = None  # the checkpoint's counters when continuing a run
 
-
-def model_path(config: Config, log: Callable[[str], None]) -> str:
-    if config.model.name == "tiny":
-        from .warmup import ensure_tiny
-
-        return str(ensure_tiny(config, log))
-    return config.model.name
-
-
-def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int, skip_bad: bool,
-                   split: str, log: Callable[[str], None]) -> tuple[list[Example], dict[str, list[int]]]:
-    """Tokenise every prompt once, up front, so a prompt longer than the context is reported (or,
-    with data.skip_bad_rows, skipped and counted) before training starts, not hours into it."""
-    kept, ids, too_long = [], {}, []
-    for example in examples:
-        tokens = renderer.ids(example)
-        if len(tokens) > limit:
-            too_long.append((example.uid, len(tokens)))
-            continue
-        kept.append(example)
-        ids[example.uid] = tokens
-    if too_long and not skip_bad:
-        uid, n = too_long[0]
-        raise UserError(f"{split} prompt '{uid}' has {n} tokens, more than data.max_prompt_tokens={limit} "
-                        f"({len(too_long)} such prompts); raise the limit or set data.skip_bad_rows=true")
-    if too_long:
-        log(f"skipped {len(too_long)} {split} prompts longer than data.max_prompt_tokens={limit}")
-    if not kept:
-        raise UserError(f"no {split} prompts left (all {len(examples)} are longer than data.max_prompt_tokens)")
-    return kept, ids
+    @property
+    def start_step(self) -> int:
+        return self.resume.step if self.resume else 0
 
 
 def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
@@ -113,70 +66,46 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     random.seed(config.run.seed)
     gen_device = resolve_device(config.rollout.gen_device, "gen")
     train_device = resolve_device(config.rollout.train_device, "train")
-    task = build_task(config)
-    train_examples, eval_examples = task.splits()  # data errors surface before any model loads
-    if getattr(task, "skipped", 0):
-        log(f"skipped {task.skipped} malformed rows (data.skip_bad_rows)")
-    path = model_path(config, log)
-    tokenizer = load_tokenizer(path, config.model.trust_remote_code)
-    chat = task.chat if config.data.chat_template is None else config.data.chat_template
-    renderer = PromptRenderer(tokenizer, chat, config.data.system_prompt, config.data.prompt_template)
-    limit, skip = config.data.max_prompt_tokens, config.data.skip_bad_rows
-    train_examples, train_ids = encode_prompts(train_examples, renderer, limit, skip, "training", log)
-    if eval_examples:
-        eval_examples, eval_ids = encode_prompts(eval_examples, renderer, limit, skip, "held-out", log)
-        eval_set = EvalSet(eval_examples, [eval_ids[e.uid] for e in eval_examples])
-    else:
-        eval_set = EvalSet([], [])
-
-    policy = str(resume_from / "policy") if resume_from else path
-    gen_model = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device,
-                           config.model.trust_remote_code)
-    train_model = load_model(policy, torch.float32, train_device, config.model.trust_remote_code)
-    compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
-    ref_model = None
-    if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
-        # The reference is the policy the run started from, also when resuming.
-        source = load_model(path, compute_dtype, train_device) if resume_from else copy.deepcopy(train_model)
-        ref_model = source.to(compute_dtype).eval().requires_grad_(False)
-    eos = eos_token_ids(gen_model, tokenizer)
-    g, a = config.generation, config.algo
-    # The KV cache is sized by the longest prompt actually present, not by the configured limit.
-    longest = max(len(ids) for ids in [*train_ids.values(), *eval_set.prompt_ids])
-    max_len = longest + max(g.max_new_tokens, config.eval.max_new_tokens or 0)
-    limit = getattr(gen_model.config, "max_position_embeddings", max_len)
-    if max_len > limit:
-        raise UserError(f"the longest prompt + generation.max_new_tokens = {max_len} exceeds the model's "
-                        f"context of {limit} tokens")
-    engine = Engine(gen_model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
-                    params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
-                    cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv, compile=g.compile)
-    sync = WeightSync(train_model, gen_model)
-    trainer = Trainer(train_model, config, tokenizer.pad_token_id, ref_model, compute_dtype)
+    data = build_data(config, log)  # data errors surface before any model loads
+    start = model_path(config, log)
+    tokenizer = load_tokenizer(start, config.model.trust_remote_code)
+    prompts = build_prompts(config, data, tokenizer, log)
+    models = build_models(config, start, str(resume_from / "policy") if resume_from else start, gen_device,
+                          train_device)
+    eos = eos_token_ids(models.gen, tokenizer)
+    engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts))
+    trainer = build_trainer(config, models, tokenizer.pad_token_id)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    eval_tokens = config.eval.max_new_tokens or g.max_new_tokens
-
-    def run_eval() -> dict[str, float]:
-        result = evaluate(train_model, eval_set, task.score, decode, eos, eval_tokens)
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
-
-    rewards = RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)
-    state = checkpoint.load_state(resume_from) if resume_from else None
-    prompts = PromptSource(train_examples, lambda e: train_ids[e.uid], seed=config.run.seed * 7919 + config.data.shuffle_seed,
-                           cursor=state.cursor if state else 0)
-    resume = None
-    if state is not None:
-        trainer.load_state_dict(checkpoint.load_trainer_state(resume_from, train_device))
-        sync.set_version(state.step)
-        engine.version = state.step
-        checkpoint.restore_rng(checkpoint.load_rng(resume_from), engine.generator)
-        resume = Resume(state.step, state.elapsed, state.ledger, state.reward_failures)
-    start = state.step if state else 0
+    evaluator = build_evaluator(config, models.train, prompts.eval_set, data.task, decode, eos)
+    state = checkpoint.restore(resume_from, trainer, engine) if resume_from else None
+    generator, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
+    source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],
+                          seed=config.run.seed * 7919 + config.data.shuffle_seed, cursor=state.cursor if state else 0)
     live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
                      [gen_device, train_device], config.train.steps)
-    return Parts(config, run_dir, engine, EngineWorker(engine, sync), TrainerWorker(trainer, sync, run_eval),
-                 rewards, prompts, RunLog(run_dir, resume_step=start if state else None), decode, tokenizer, live,
-                 start, resume)
+    return Parts(config, run_dir, engine, generator, trainer_worker, build_rewards(config, data.task, decode),
+                 source, RunLog(run_dir, resume_step=state.step if state else None), tokenizer, live, state)
+
+
+def _engine_context(config: Config, models: Any, prompts: Prompts) -> int:
+    # The KV cache is sized by the longest prompt actually present, not by the configured limit.
+    longest = max(len(ids) for ids in [*prompts.train_ids.values(), *prompts.eval_set.prompt_ids])
+    new_tokens = max(config.generation.max_new_tokens, config.eval.max_new_tokens or 0)
+    return context_length(models.gen, longest, new_tokens, "the longest prompt + generation.max_new_tokens")
+
+
+def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunHooks:
+    c = parts.config
+
+    def show(report: StepReport) -> None:
+        parts.live.record(report.row, report.staleness or None)
+        parts.live.refresh()
+        printer(report.row)
+
+    save = checkpoint_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
+                            c.run.keep_checkpoints)
+    return RunHooks(parts.log.step, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
+                    parts.start_step)
 
 
 async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:
@@ -187,13 +116,14 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
 
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups)
-    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score, hooks=None,
-                                resume=parts.resume)
-    orchestrator.hooks = RunHooks(parts, orchestrator, printer)
-    if parts.live is not None:
-        parts.live.orchestrator = orchestrator
+    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score,
+                                build_hooks(parts, printer), resume=parts.resume)
     install_stop_signals(orchestrator)
-    await orchestrator.run()
+    refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
+    try:
+        await orchestrator.run()
+    finally:
+        refresher.cancel()
     return orchestrator
 
 
@@ -243,6 +173,7 @@ def step_printer(log: Callable[[str], None], steps: int, evals_only: bool) -> Ca
 
 
 def check_fresh_run_dir(run_dir: Path) -> None:
+    """A new run never writes over another's outputs."""
     if (run_dir / "metrics.jsonl").exists() or checkpoint.list_checkpoints(run_dir):
         raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, "
                         "or choose another --run-dir")
@@ -267,12 +198,12 @@ def train(config: Config, log: Callable[[str], None] = print,
     if printer is None:
         printer = step_printer(log, config.train.steps, evals_only=dashboard)
     try:
-        with Dashboard(parts.live.snapshot, header_fn=header_fn) if dashboard else contextlib.nullcontext():
+        with Dashboard(lambda: parts.live.latest, header_fn=header_fn) if dashboard else contextlib.nullcontext():
             orchestrator = run_event_loop(orchestrate(parts, printer))
     finally:
         cleanup(parts)
     if orchestrator.train.version >= config.train.steps:
-        atomic_write_text(run_dir / DONE_FILE, f"{orchestrator.train.version}\n")
+        checkpoint.mark_done(run_dir, orchestrator.train.version)
         log(f"run written to {run_dir}")
     elif orchestrator.stop_signal is not None:
         raise RunStopped(f"stopped at step {orchestrator.train.version}; continue with: "

@@ -37,8 +37,8 @@ def cache_root() -> Path:
 
 def cache_key(config: Config) -> str:
     d = config.data
-    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=asdict(config.warmup), digits=d.arith_digits,
-                ops=d.arith_ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
+    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=asdict(config.warmup), digits=config.arithmetic.digits,
+                ops=config.arithmetic.ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -66,7 +66,7 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
-    task = ArithmeticTask(d.arith_digits, d.arith_ops, d.eval_size, d.shuffle_seed)
+    task = ArithmeticTask(config.arithmetic.digits, config.arithmetic.ops, d.eval_size, d.shuffle_seed)
     train, held_out = task.splits()
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     eval_set = EvalSet(held_out, [encode(e.prompt) for e in held_out])

@@ -32,9 +32,8 @@ class WeightSync:
         if src.keys() != dst.keys():
             missing = sorted(src.keys() ^ dst.keys())[:3]
             raise ValueError(f"trainer and generator models differ in parameters: {missing}")
-        self.names = list(src)
-        self.src = [src[n] for n in self.names]
-        self.dst = [dst[n] for n in self.names]
+        self.src = [src[n] for n in src]
+        self.dst = [dst[n] for n in src]
         self.staging = [torch.empty_like(p, device=p.device) for p in self.dst]
         self.gen_device = self.dst[0].device
         self.train_device = self.src[0].device
@@ -44,7 +43,6 @@ class WeightSync:
         self.applied = 0  # version in the generator's parameters
         self._staged_event: torch.cuda.Event | None = None
         self._applied_event: torch.cuda.Event | None = None
-        self.bytes_per_publish = sum(p.numel() * p.element_size() for p in self.dst)
 
     def set_version(self, version: int) -> None:
         """Start (or resume) at `version`, with generator and trainer weights already equal."""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aioareal.checkpoint import RunState
 from aioareal.generation import Completion
 from aioareal.orchestrator import Orchestrator, Schedule
 from aioareal.orchestrator.admission import Admission, OldestFirstBuffer
@@ -26,12 +27,12 @@ class Recorder:
         self.samples: list[dict] = []
         self.o: Orchestrator | None = None
 
-    async def on_eval(self, step, row):
-        self.rows.append(row)
+    async def on_step(self, report):
+        self.rows.append(report.row)
+        self.samples += report.samples
 
-    async def on_step(self, step, row, groups):
-        self.rows.append(row)
-        self.samples += self.o.sample_rows(step, groups)
+    async def on_stop(self, state):
+        pass
 
 
 def simulate(mode="async", k=2, b=4, g=4, steps=20, slots=None, train_time=1.0, step_base=0.02,
@@ -148,7 +149,7 @@ def test_replay_filter_drops_and_counts_stale_groups_then_refills():
         trainer = SimulatedTrainer()
         trainer.version = 5
         o = Orchestrator(Schedule("async", 1, 2, 1, 10), gen=None, train=trainer, prompts=None, score=None,
-                         hooks=None, start_version=5)
+                         hooks=None, resume=RunState(step=5, cursor=0, elapsed=0.0))
         o._wake = asyncio.Event()
         for gid, v in enumerate([2, 4, 5, 3, 5]):  # staleness at version 5: 3, 1, 0, 2, 0
             o.buffer.admitted(gid)

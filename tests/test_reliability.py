@@ -256,8 +256,7 @@ def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_ru
     run samples differently from an unbroken one."""
     from types import SimpleNamespace
 
-    from aioareal.hooks import RunHooks
-    from aioareal.orchestrator.admission import Ledger
+    from aioareal.hooks import checkpoint_saver
 
     generator = torch.Generator().manual_seed(3)
     at_step_end = generator.get_state()
@@ -268,12 +267,9 @@ def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_ru
         torch.rand(4, generator=generator)
         fn()
 
-    parts = SimpleNamespace(
-        start_step=0, run_dir=None, tokenizer=None, engine=SimpleNamespace(generator=generator),
-        trainer=SimpleNamespace(trainer=SimpleNamespace(model=None, state_dict=dict), call=call),
-        config=SimpleNamespace(run=SimpleNamespace(keep_checkpoints=2)))
-    orchestrator = SimpleNamespace(resume_cursor=lambda: 0, now=lambda: 1.0, ledger=Ledger(), reward_failures=0)
-    asyncio.run(RunHooks(parts, orchestrator, printer=print).on_stop(3))
+    trainer = SimpleNamespace(trainer=SimpleNamespace(model=None, state_dict=dict), call=call)
+    save = checkpoint_saver(None, trainer, generator, tokenizer=None, keep=2)
+    asyncio.run(save(checkpoint.RunState(step=3, cursor=0, elapsed=1.0)))
     assert torch.equal(saved["rng"]["engine"], at_step_end)
 
 

@@ -12,7 +12,7 @@ from aioareal.generation import Completion
 from aioareal.models import random_model
 from aioareal.samples import Group, Sample
 from aioareal.tasks.base import Example
-from aioareal.trainer import Trainer
+from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.batching import collate, pack, plan
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
@@ -94,8 +94,8 @@ def test_trainer_step_updates_the_weights_and_reports(objective):
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
     ref = random_model("tiny", torch.float32, torch.device("cpu"), seed=1).requires_grad_(False)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = Trainer(model, config, pad_id=0, ref_model=ref)
-    metrics = trainer.step(_groups())
+    trainer = Trainer(model, config.algo, config.train, pad_id=0, ref_model=ref)
+    metrics = train_step(trainer, _groups())
     assert trainer.version == 1
     assert trainer.optimizer.state[next(model.parameters())]["step"] == 4  # 2 mini-batches x 2 epochs
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -105,11 +105,11 @@ def test_trainer_step_updates_the_weights_and_reports(objective):
 
 
 def test_fp16_loss_scaler_skips_count_and_leave_the_schedule_alone():
-    from aioareal.trainer.trainer import SCALER_CALIBRATION_SKIPS, NonFiniteError
+    from aioareal.trainer.trainer import MAX_CONSECUTIVE_SKIPS, SCALER_CALIBRATION_SKIPS, NonFiniteError
 
     config = load_config(overrides=["model.name=random:tiny", "algo.warmup_steps=10"])
     model = random_model("tiny", torch.float32, torch.device("cpu"))
-    trainer = Trainer(model, config, pad_id=0)
+    trainer = Trainer(model, config.algo, config.train, pad_id=0)
     trainer.scaler = torch.amp.GradScaler("cpu")  # as on a fp16 GPU (V100-class): same code path
     param = next(model.parameters())
 
@@ -127,9 +127,9 @@ def test_fp16_loss_scaler_skips_count_and_leave_the_schedule_alone():
     attempt(1.0)
     assert not torch.equal(param, before) and trainer.consecutive_skips == 0 and trainer.scheduler.last_epoch == 1
     with pytest.raises(NonFiniteError):
-        for _ in range(trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS):
+        for _ in range(MAX_CONSECUTIVE_SKIPS + SCALER_CALIBRATION_SKIPS):
             attempt(float("nan"))
-    assert trainer.skipped_updates == 1 + trainer.max_consecutive_skips + SCALER_CALIBRATION_SKIPS
+    assert trainer.skipped_updates == 1 + MAX_CONSECUTIVE_SKIPS + SCALER_CALIBRATION_SKIPS
 
 
 def test_drop_constant_groups_stops_a_run_that_can_never_fill_a_batch(tmp_path):

@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     import torch
 
-    from ..cli import guarded
+    from ..errors import guarded
     from .harness import emit
 
     args = parser().parse_args(argv)

@@ -14,6 +14,7 @@ import random
 from statistics import fmean, median
 from typing import Any, Callable
 
+from ..config import DEFAULT_STALENESS
 from ..errors import UserError
 from ..orchestrator.simulated import gsm8k_like_length
 from .harness import environment, model_label, pick_device, pick_dtype, ratio
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{args.steps} timed steps per mode", flush=True)
     results: dict[str, ModeResult] = {}
     for mode in modes:
-        k = {"sync": 0, "one-step": 1}.get(mode, args.max_staleness)
+        k = args.max_staleness if mode == "async" else DEFAULT_STALENESS[mode]
         results[mode] = run_mode(args, mode, k, device, dtype, lengths)
         report_mode(mode, k, results[mode])
     out: dict[str, Any] = {

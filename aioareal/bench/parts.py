@@ -1,5 +1,6 @@
-"""The real parts of a training run for `bench e2e`, assembled as `run.setup` does but with random
-weights, synthetic prompts, random 0/1 rewards, no evaluation, and forced completion lengths."""
+"""The real parts of a training run for `bench e2e`, built by the same builders as `run.setup`
+(aioareal/build.py) but with random weights, synthetic prompts, random 0/1 rewards, no
+evaluation, and forced completion lengths."""
 from __future__ import annotations
 
 import argparse
@@ -9,16 +10,15 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, TrainConfig
-from ..errors import UserError
-from ..generation import Engine, GroupRequest, SamplingParams
-from ..orchestrator import EngineWorker, Orchestrator, Schedule, TrainerWorker
+from ..build import Models, build_engine, build_trainer, build_workers, context_length
+from ..checkpoint import RunState
+from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunConfig, TrainConfig
+from ..generation import GroupRequest
+from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompts import PromptSource
 from ..run import run_event_loop
 from ..samples import Group
 from ..tasks.base import Example
-from ..trainer import Trainer
-from ..weightsync import WeightSync
 from .gen import eos_ids
 from .harness import build_model
 
@@ -51,15 +51,17 @@ class Timeline:
     lengths: list[int] = field(default_factory=list)
     staleness_max: int = 0
 
-    async def on_eval(self, step: int, row: dict[str, Any]) -> None:
-        pass
-
-    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None:
+    async def on_step(self, report: StepReport) -> None:
+        if not report.groups:  # the step-0 evaluation
+            return
         busy = self.orchestrator.busy
-        self.marks.append((step, row["time"], busy["gen"], busy["train"]))
-        if step > self.warmup:
-            self.lengths += [len(s.tokens) for g in groups for s in g.samples]
-            self.staleness_max = max(self.staleness_max, row["staleness_max"])
+        self.marks.append((report.step, report.row["time"], busy["gen"], busy["train"]))
+        if report.step > self.warmup:
+            self.lengths += [len(s.tokens) for g in report.groups for s in g.samples]
+            self.staleness_max = max(self.staleness_max, report.row["staleness_max"])
+
+    async def on_stop(self, state: RunState) -> None:
+        pass
 
 
 @dataclass
@@ -75,27 +77,24 @@ class ModeResult:
 
 def _config(args: argparse.Namespace, mode: str, k: int) -> Config:
     return Config(algo=AlgoConfig(group_size=args.group_size, batch_groups=args.batch_groups),
-                  generation=GenerationConfig(max_new_tokens=args.max_new_tokens, cuda_graphs=args.cuda_graphs),
+                  generation=GenerationConfig(max_new_tokens=args.max_new_tokens, cuda_graphs=args.cuda_graphs,
+                                              num_slots=args.slots, temperature=1.0, top_p=1.0),
                   rollout=RolloutConfig(mode=mode, max_staleness=k),
-                  train=TrainConfig(steps=args.warmup_steps + args.steps, micro_batch_tokens=args.micro_batch_tokens))
+                  train=TrainConfig(steps=args.warmup_steps + args.steps, micro_batch_tokens=args.micro_batch_tokens),
+                  run=RunConfig(seed=args.seed))
 
 
 def build(args: argparse.Namespace, config: Config, device: torch.device, dtype: torch.dtype,
           draw: Callable[[random.Random], int]) -> tuple[ForcedLengths, TrainerWorker]:
     gen_model = build_model(args.model, dtype, device, args.seed)
     train_model = build_model(args.model, torch.float32, device, args.seed)  # same seed: same weights
-    g, a = config.generation, config.algo
-    max_len = args.prompt_len + g.max_new_tokens
-    limit = getattr(gen_model.config, "max_position_embeddings", max_len)
-    if max_len > limit:
-        raise UserError(f"--prompt-len + --max-new-tokens = {max_len} exceeds the model's context of {limit}")
-    engine = Engine(gen_model, eos_ids(gen_model), num_slots=args.slots or a.batch_groups * a.group_size,
-                    max_len=max_len, params=SamplingParams(1.0, 1.0, g.max_new_tokens), seed=args.seed,
-                    cuda_graphs=g.cuda_graphs and device.type == "cuda", compile=args.compile)
-    sync = WeightSync(train_model, gen_model)
-    pad = train_model.config.pad_token_id or 0
-    trainer = Trainer(train_model, config, pad, None, dtype if device.type == "cuda" else None)
-    return ForcedLengths(EngineWorker(engine, sync), draw, args.seed), TrainerWorker(trainer, sync, lambda: {})
+    max_len = context_length(gen_model, args.prompt_len, config.generation.max_new_tokens,
+                             "--prompt-len + --max-new-tokens")
+    engine = build_engine(config, gen_model, eos_ids(gen_model), max_len, compile=args.compile)
+    models = Models(gen_model, train_model, None, dtype)
+    trainer = build_trainer(config, models, train_model.config.pad_token_id or 0)
+    generator, trainer_worker = build_workers(engine, trainer, gen_model, lambda: {})
+    return ForcedLengths(generator, draw, args.seed), trainer_worker
 
 
 def synthetic_prompts(length: int, vocab: int, seed: int) -> PromptSource:

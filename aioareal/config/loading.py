@@ -29,7 +29,13 @@ def known_keys() -> list[str]:
     return keys
 
 
+# Keys that moved to another section, so an old config gets told where its key went.
+MOVED = {"data.arith_digits": "arithmetic.digits", "data.arith_ops": "arithmetic.ops"}
+
+
 def _unknown(key: str, candidates: list[str]) -> ConfigError:
+    if key in MOVED:
+        return ConfigError(key, f"moved to '{MOVED[key]}'")
     near = difflib.get_close_matches(key, candidates, n=1)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return ConfigError(key, f"unknown key{hint}")

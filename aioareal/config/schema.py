@@ -2,7 +2,7 @@
 
 Defaults describe the offline default run (tiny Qwen2 model, synthetic arithmetic, CPU); the YAML
 files in `configs/` override them for real models. Every field carries its help text, which the
-CLI prints with `python -m aioareal config --help-keys`.
+CLI prints with `python -m aioareal config --keys`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..errors import ConfigError
 
 
 def doc(text: str, default: object) -> object:
-    """A dataclass field with help text (read by `config --help-keys`)."""
+    """A dataclass field with help text (printed by `python -m aioareal config --keys`)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": text})
     return field(default=default, metadata={"help": text})
@@ -56,15 +56,23 @@ class DataConfig:
     max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
     skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
     shuffle_seed: int = doc("seed of the training-prompt shuffle", 1234)
-    arith_digits: int = doc("arithmetic task: max digits per operand", 2)
-    arith_ops: str = doc("arithmetic task: operators to draw from", "+")
 
     def __post_init__(self) -> None:
         check(self.eval_size >= 0, "data.eval_size", f"must be >= 0, got {self.eval_size}")
         check(self.max_prompt_tokens > 0, "data.max_prompt_tokens", f"must be > 0, got {self.max_prompt_tokens}")
-        check(1 <= self.arith_digits <= 6, "data.arith_digits", f"must be in 1..6, got {self.arith_digits}")
-        bad = set(self.arith_ops) - set("+-*")
-        check(bool(self.arith_ops) and not bad, "data.arith_ops", f"must use only '+-*', got '{self.arith_ops}'")
+
+
+@dataclass
+class ArithmeticConfig:
+    """The synthetic task of the offline default (data.task=arithmetic)."""
+
+    digits: int = doc("max digits per operand", 2)
+    ops: str = doc("operators to draw from", "+")
+
+    def __post_init__(self) -> None:
+        check(1 <= self.digits <= 6, "arithmetic.digits", f"must be in 1..6, got {self.digits}")
+        bad = set(self.ops) - set("+-*")
+        check(bool(self.ops) and not bad, "arithmetic.ops", f"must use only '+-*', got '{self.ops}'")
 
 
 @dataclass
@@ -146,6 +154,11 @@ class AlgoConfig:
         check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
 
 
+# K when rollout.max_staleness is not given: sync trains only fresh samples, one-step overlaps
+# exactly one batch, async lets the generator run two versions ahead.
+DEFAULT_STALENESS = {"sync": 0, "one-step": 1, "async": 2}
+
+
 @dataclass
 class RolloutConfig:
     mode: Literal["sync", "one-step", "async"] = doc("sync | one-step | async", "sync")
@@ -156,7 +169,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         if self.max_staleness is None:
-            self.max_staleness = {"sync": 0, "one-step": 1, "async": 2}[self.mode]
+            self.max_staleness = DEFAULT_STALENESS[self.mode]
         k = self.max_staleness
         check(k >= 0, "rollout.max_staleness", f"must be >= 0, got {k}")
         check(self.mode != "sync" or k == 0, "rollout.max_staleness",
@@ -215,6 +228,7 @@ class RunConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

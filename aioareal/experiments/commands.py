@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cli import guarded  # cli imports this module lazily, so no cycle
+from ..errors import guarded
 
 
 def parser(command: str, what: str) -> argparse.ArgumentParser:
@@ -50,7 +50,6 @@ def cmd_report(argv: list[str]) -> int:
         print(report)
         return 0
     return guarded(args.debug, go)
-
 
 
 def cmd_sweep(argv: list[str]) -> int:

@@ -27,7 +27,7 @@ import yaml
 from .. import checkpoint
 from ..config import Config, load_config
 from ..errors import UserError
-from ..run import DONE_FILE
+from ..checkpoint import is_done
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
@@ -43,7 +43,7 @@ class PlannedRun:
 
     @property
     def status(self) -> str:
-        if (self.run_dir / DONE_FILE).exists():
+        if is_done(self.run_dir):
             return "done"
         latest = checkpoint.latest_checkpoint(self.run_dir)
         if latest is not None:

@@ -19,6 +19,7 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
+from ..timing import PhaseTimer
 from .forward import FastForward
 from .graphs import DecodeGraphs, can_use_own_generator
 from .sampling import SamplingParams, sample
@@ -32,7 +33,7 @@ GRAPH_SPAN_BUCKET = 64
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
-                 recompute_kv: bool = True, compile: bool = False) -> None:
+                 recompute_kv: bool = True, compile: bool = False, timed: bool = False) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
@@ -42,7 +43,6 @@ class Engine:
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
-        self.eos = torch.tensor(sorted(eos_ids), device=self.device)
         self.eos_set = set(eos_ids)
         graphs = cuda_graphs and self.device.type == "cuda"
         if graphs and not can_use_own_generator():
@@ -61,6 +61,7 @@ class Engine:
         self.version = 0
         self.stale_cache = False
         self.tokens_generated = 0  # total sampled tokens, for throughput
+        self.timer = PhaseTimer(self.device, enabled=timed)  # seconds per phase of `step`, for metrics
         self.max_pos = 0  # the furthest next position of any running sequence
         self.graphs = (DecodeGraphs(self._decode_into, self.generator, num_slots,
                                     [self.next_token, self.position]) if graphs else None)
@@ -82,9 +83,6 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def running_groups(self) -> int:
-        return len({id(r.group) for r in self.running.values()})
-
     # -- weights ---------------------------------------------------------------------------------
     def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
         """Use weights of `version` from the next step on. `ready` is the copy's event: the engine's
@@ -98,22 +96,33 @@ class Engine:
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[GroupResult]:
-        """Admit, decode one token everywhere, sync once; return the groups that finished."""
+        """Admit, prefill, decode one token everywhere, sync once; return the groups that finished.
+        Each phase lands in `self.timer` (when the engine is `timed`)."""
         if not self.busy:
             return []
+        timer = self.timer
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if self.stale_cache:
-                self._recompute_cache()
-            admitted, first = self._admit()
-            decoded = self._decode() if self.running else None
-            # The one host sync of the step: sampled tokens and their logprobs.
-            parts = [t for t in (first, decoded) if t is not None]
-            host = torch.cat(parts, dim=1).cpu() if parts else None
-            # Still on the engine's stream: bookkeeping clears `live` for finished slots, and that
-            # write must be ordered before the next step's admission sets it again.
-            return self._bookkeep(admitted, host, first is not None)
+                with timer("recompute_kv"):  # new weights mid-rollout: re-prefill running sequences
+                    self._recompute_cache()
+            with timer("admit", host=True):  # waiting groups take free slots
+                groups, admitted = self._admit()
+            with timer("prefill"):  # one forward per prompt, its K/V copied into the group's G slots
+                first = self._prefill(groups, admitted) if groups else None
+            with timer("decode"):
+                decoded = self._decode() if self.running else None
+            with timer("sync"):
+                # The one device->host sync of the step: sampled tokens and their logprobs, which
+                # the host needs to see which sequences finished.
+                parts = [t for t in (first, decoded) if t is not None]
+                host = torch.cat(parts, dim=1).cpu() if parts else None
+            with timer("bookkeep", host=True):
+                # Still on the engine's stream: bookkeeping clears `live` for finished slots, and
+                # that write must be ordered before the next step's admission sets it again.
+                return self._bookkeep(admitted, host, first is not None)
 
-    def _admit(self) -> tuple[list[Running], torch.Tensor | None]:
+    def _admit(self) -> tuple[list[GroupState], list[Running]]:
+        """Host side of admission: waiting groups that fit take slots, oldest first."""
         admitted: list[Running] = []
         groups: list[GroupState] = []
         while self.waiting and len(self.free) >= self.waiting[0].n:
@@ -129,26 +138,27 @@ class Engine:
                 admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
                                         request.lengths is None))
             self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
-        if not groups:
-            return [], None
+        return groups, admitted
+
+    def _prefill(self, groups: list[GroupState], admitted: list[Running]) -> torch.Tensor:
+        """Prefill the admitted prompts, sample their first tokens; returns (2, len(admitted))."""
         prompts = [g.request.prompt_ids for g in groups]
         lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         tokens = _pad(prompts, self.device)
         copies = groups[0].request.n
+        slots = torch.tensor([r.slot for r in admitted], device=self.device)
         if any(g.request.n != copies for g in groups):  # mixed group sizes: one prefill each
             hidden = torch.cat([self.fwd.prefill(self.cache, tokens[j:j + 1], lengths[j:j + 1],
                                                  self._slots_of(admitted, g), g.request.n).repeat(g.request.n, 1)
                                 for j, g in enumerate(groups)])
         else:
-            slots = torch.tensor([r.slot for r in admitted], device=self.device)
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
-        slots = torch.tensor([r.slot for r in admitted], device=self.device)
         pos = torch.tensor([len(r.group.request.prompt_ids) for r in admitted], device=self.device)
         self.next_token[slots], self.position[slots], self.live[slots] = tok, pos, True
         for r in admitted:
             self.running[r.slot] = r
-        return admitted, torch.stack([tok.to(torch.float32), lp])
+        return torch.stack([tok.to(torch.float32), lp])
 
     def _slots_of(self, admitted: list[Running], group: GroupState) -> torch.Tensor:
         return torch.tensor([r.slot for r in admitted if r.group is group], device=self.device)
@@ -184,7 +194,7 @@ class Engine:
         sequence per step, so it is kept lean: on a GPU it is time the device may sit idle."""
         if host is None:
             return []
-        tokens, logprobs = host[0].long().tolist(), host[1].tolist()
+        tokens, logprobs = host[0].long().tolist(), host[1].tolist()  # host memory already: no sync
         done_slots: list[int] = []
         finished: list[GroupResult] = []
         # First tokens of newly admitted sequences come first, then one token per slot [0, n).

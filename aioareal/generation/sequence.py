@@ -48,10 +48,6 @@ class Running:
     limit: int = 0  # tokens at which the sequence ends whatever it samples
     stop_on_eos: bool = True  # False under forced lengths
 
-    @property
-    def next_pos(self) -> int:
-        return self.prompt_len + max(len(self.completion.tokens), 1) - 1
-
 
 @dataclass
 class GroupState:

@@ -1,6 +1,8 @@
 """The async orchestrator: admission, oldest-first batching, the generator and trainer coroutines."""
 from .admission import Admission, Ledger, OldestFirstBuffer
-from .loop import Orchestrator, Schedule
+from .loop import Hooks, Orchestrator, Schedule
+from .report import StepReport
 from .workers import EngineWorker, TrainerWorker
 
-__all__ = ["Admission", "EngineWorker", "Ledger", "OldestFirstBuffer", "Orchestrator", "Schedule", "TrainerWorker"]
+__all__ = ["Admission", "EngineWorker", "Hooks", "Ledger", "OldestFirstBuffer", "Orchestrator", "Schedule",
+           "StepReport", "TrainerWorker"]

@@ -11,15 +11,16 @@ Modes (DESIGN "Modes"):
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
+from ..checkpoint import RunState
 from ..errors import UserError
 from ..generation import GroupRequest, GroupResult
 from ..prompts import PromptSource
 from ..samples import Group, Sample
 from .admission import Admission, Ledger, OldestFirstBuffer
-from .rows import sample_rows, step_row
+from .report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
 
 # drop_constant_groups gives up after this many batches' worth of rejected groups in a row: far
@@ -42,26 +43,18 @@ class Schedule:
 
 
 class Hooks(Protocol):
-    async def on_eval(self, step: int, row: dict[str, Any]) -> None: ...
-    async def on_step(self, step: int, row: dict[str, Any], groups: list[Group]) -> None: ...
-    async def on_stop(self, step: int) -> None: ...
+    """What the run does with each step's report (write rows, show, checkpoint) and at a stop."""
 
-
-@dataclass
-class Resume:
-    """Where an interrupted run continues from (see checkpoint.RunState)."""
-
-    version: int
-    elapsed: float
-    ledger: dict[str, int]
-    reward_failures: int = 0
+    async def on_step(self, report: StepReport) -> None: ...
+    async def on_stop(self, state: RunState) -> None: ...
 
 
 class Orchestrator:
     def __init__(self, schedule: Schedule, gen: GenerationWorker, train: TrainingWorker, prompts: PromptSource,
-                 score: GroupScorer, hooks: Hooks, start_version: int = 0, resume: Resume | None = None) -> None:
+                 score: GroupScorer, hooks: Hooks, resume: RunState | None = None) -> None:
+        """`resume`: the checkpoint's counters a resumed run continues from."""
         self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
-        self.start_version = resume.version if resume else start_version
+        self.start_version = resume.step if resume else 0
         self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
         self.admission.restore(self.start_version)  # DESIGN rule 1: counters follow from the version
         self.buffer = OldestFirstBuffer()
@@ -76,6 +69,7 @@ class Orchestrator:
         self.untrained: dict[int, int] = {}  # group id -> prompt cursor, for admitted groups not yet trained
         self.next_group_id = 0
         self.busy = {"gen": 0.0, "train": 0.0}
+        self.score_seconds = 0.0  # time groups spent being scored (overlapping groups add up)
         self.stop_requested = False
         self.rejected_in_a_row = 0  # by drop_constant_groups, to stop a run that can never fill a batch
         self.stop_signal: int | None = None
@@ -96,18 +90,32 @@ class Orchestrator:
         finally:
             self.busy[worker] += self.now() - start
 
-    # -- entry point -----------------------------------------------------------------------------
-    def resume_cursor(self) -> int:
-        """Prompt cursor a resumed run restarts from: the oldest admitted group not yet trained."""
-        return min(self.untrained.values(), default=self.prompts.cursor)
+    def clocks(self) -> Clocks:
+        phases = {**self.gen.phase_seconds, "score": self.score_seconds}
+        return Clocks(self.now(), self.busy["gen"], self.busy["train"], self.gen.tokens_generated, phases)
 
+    # -- state -----------------------------------------------------------------------------------
+    def state(self, step: int) -> RunState:
+        """The counters a checkpoint after `step` holds. The prompt cursor a resumed run restarts
+        from is the oldest admitted group's not yet trained: groups in flight are regenerated."""
+        cursor = min(self.untrained.values(), default=self.prompts.cursor)
+        return RunState(step=step, cursor=cursor, elapsed=self.now(), ledger=asdict(self.ledger),
+                        reward_failures=self.reward_failures)
+
+    def live_counters(self) -> dict[str, int]:
+        """What the dashboard shows between steps (read on the event loop's thread)."""
+        return {"trainer_version": self.train.version, "generator_version": self.gen.version,
+                "groups_running": self.admission.running, "groups_ready": self.buffer.ready()}
+
+    # -- entry point -----------------------------------------------------------------------------
     async def run(self) -> None:
         self.t0 = asyncio.get_running_loop().time() - self.elapsed_before
         self._wake = asyncio.Event()
         self._failure = asyncio.get_running_loop().create_future()
         if self.start_version == 0:  # step 0: the policy before any update
             metrics = await self._timed("train", self.train.evaluate())
-            await self.hooks.on_eval(0, {"step": 0, "version": 0, "time": self.now(), **metrics})
+            row = {"step": 0, "version": 0, "time": self.now(), **metrics}
+            await self.hooks.on_step(StepReport(0, row, [], [], self.state(0)))
         tasks = [asyncio.create_task(self._generate(), name="generator"),
                  asyncio.create_task(self._train(), name="trainer")]
         try:
@@ -194,6 +202,7 @@ class Orchestrator:
         group: Group = result.request.payload
         group.finished_at = self.now()
         rewards, failures = await self.score(group, [c.tokens for c in result.completions])
+        self.score_seconds += self.now() - group.finished_at
         group.samples = [Sample(group.prompt_ids, c, r) for c, r in zip(result.completions, rewards)]
         group.reward_failures = failures
         self.reward_failures += failures
@@ -236,7 +245,7 @@ class Orchestrator:
         return batch, dropped
 
     async def _train(self) -> None:
-        last = {"time": self.now(), "gen_busy": 0.0, "train_busy": 0.0, "tokens": self.gen.tokens_generated}
+        before = self.clocks()
         while self.train.version < self.s.steps and not self.stop_requested:
             groups, dropped = await self._next_batch()
             trained_version = self.train.version
@@ -251,11 +260,19 @@ class Orchestrator:
             step = self.train.version
             if self.s.eval_every and step % self.s.eval_every == 0 or step == self.s.steps:
                 metrics.update(await self._timed("train", self.train.evaluate()))
-            row = step_row(self, step, trained_version, groups, dropped, metrics, train_seconds, last)
-            await self.hooks.on_step(step, row, groups)
+            now = self.clocks()
+            row = step_row(step, trained_version, groups, metrics, train_seconds, before, now,
+                           self._counters(dropped))
+            before = now
+            samples = sample_rows(step, trained_version, groups, now.time)
+            await self.hooks.on_step(StepReport(step, row, samples, groups, self.state(step)))
             self._wake.set()
         if self.stop_requested and self.train.version < self.s.steps:
-            await self.hooks.on_stop(self.train.version)
+            await self.hooks.on_stop(self.state(self.train.version))
 
-    def sample_rows(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
-        return sample_rows(step, step - 1, groups, self.now())
+    def _counters(self, dropped: int) -> dict[str, Any]:
+        return {"version": self.train.version, "gen_version": self.gen.version, "dropped_stale": dropped,
+                "groups_admitted": self.ledger.admitted, "groups_trained": self.ledger.trained,
+                "groups_dropped_stale": self.ledger.dropped_stale, "groups_rejected": self.ledger.rejected,
+                "groups_in_flight": self.ledger.in_flight, "groups_ready": self.buffer.ready(),
+                "reward_failures": self.reward_failures}

@@ -48,6 +48,7 @@ class SimulatedGenerator:
         self.version = 0
         self.tokens_generated = 0
         self.adoptions = 0
+        self.phase_seconds: dict[str, float] = {"decode": 0.0}
 
     def submit(self, request: GroupRequest) -> None:
         self.waiting.append(request)
@@ -77,6 +78,7 @@ class SimulatedGenerator:
                 group.completions.append(seq.completion)
                 self.running.append(seq)
         await asyncio.sleep(latency)
+        self.phase_seconds["decode"] += latency
         finished: list[GroupResult] = []
         still: list[_Seq] = []
         for seq in self.running:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..generation import GroupRequest, GroupResult
 from ..samples import Group
+from ..timing import merge
+from ..trainer import train_step
 
 if TYPE_CHECKING:
     from ..generation import Engine
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 class GenerationWorker(Protocol):
     version: int
     tokens_generated: int
+    phase_seconds: dict[str, float]  # running totals per phase (admit, prefill, decode, adopt, ...)
 
     def submit(self, request: GroupRequest) -> None: ...
     def free_slots(self) -> int: ...
@@ -48,6 +51,7 @@ class EngineWorker:
     def __init__(self, engine: "Engine", sync: "WeightSync") -> None:
         self.engine, self.sync = engine, sync
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generator")
+        self.phase_seconds: dict[str, float] = {}  # updated on the event loop's thread only
 
     @property
     def version(self) -> int:
@@ -71,14 +75,21 @@ class EngineWorker:
     def in_flight(self) -> int:
         return len(self.engine.running)
 
-    def _step(self, adopt: bool) -> list[GroupResult]:
+    def _step(self, adopt: bool) -> tuple[list[GroupResult], dict[str, float]]:
+        """One generator step on its thread: adopt a published version if allowed, then the
+        engine's admit, prefill, decode, sync and bookkeeping; returns the phases' seconds too."""
+        timer = self.engine.timer
         if adopt and self.sync.pending:
-            version, ready = self.sync.apply(self.engine.stream)
-            self.engine.adopt(version, ready)
-        return self.engine.step()
+            with timer("adopt"):  # staging -> live weights, on the engine's stream (no host wait)
+                version, ready = self.sync.apply(self.engine.stream)
+                self.engine.adopt(version, ready)
+        results = self.engine.step()
+        return results, timer.take()  # after the step's host sync: the timings are ready
 
     async def step(self, adopt: bool) -> list[GroupResult]:
-        return await _on(self.pool, self._step, adopt)
+        results, phases = await _on(self.pool, self._step, adopt)
+        merge(self.phase_seconds, phases)
+        return results
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -90,13 +101,8 @@ class TrainerWorker:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         self.version = trainer.version  # published version: what admission and staleness count
 
-    def _train(self, groups: list[Group]) -> dict[str, float]:
-        metrics = self.trainer.step(groups)
-        self.sync.publish(self.trainer.version)
-        return metrics
-
     async def train(self, groups: list[Group]) -> dict[str, float]:
-        metrics = await _on(self.pool, self._train, groups)
+        metrics = await _on(self.pool, train_step, self.trainer, groups, self.sync.publish)
         self.version = self.trainer.version
         return metrics
 

@@ -44,7 +44,7 @@ def _base_task(config: Config) -> Task:
     if d.task in ("file", "hub"):
         return _custom_task(config)
     if d.task == "arithmetic":
-        return ArithmeticTask(d.arith_digits, d.arith_ops, d.eval_size, d.shuffle_seed)
+        return ArithmeticTask(config.arithmetic.digits, config.arithmetic.ops, d.eval_size, d.shuffle_seed)
     if d.task == "gsm8k":
         from .gsm8k import GSM8KTask
 

@@ -43,6 +43,7 @@ class MicroBatch:
 
     def _rows(self, rows: slice) -> "MicroBatch":
         mask = self.loss_mask[rows]
+        # Host syncs (two small sums), acceptable here: this runs only after an out-of-memory error.
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         return MicroBatch(self.input_ids[rows], self.attention_mask[rows], mask, self.behav_logp[rows],
                           self.versions[rows], self.advantages[rows],

@@ -1,18 +1,21 @@
-"""The training step: advantages, (proximal and reference log-probs), mini-batched updates.
+"""The trainer's state and the pieces of a training step: packing, fixed log-probs, the
+micro-batch losses, the optimizer step, the step's summary. `train_step` (trainer/step.py) calls
+them in order; read it first.
 
-`Trainer` owns the master weights (fp32) and the optimizer. One `step(groups)` turns a batch of
-B groups into `minibatches x ppo_epochs` optimizer steps and bumps the policy version by one.
+`Trainer` owns the master weights (fp32) and the optimizer. One step turns a batch of B groups
+into `minibatches x ppo_epochs` optimizer steps and bumps the policy version by one.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
 from .. import losses
-from ..config import Config
+from ..config import AlgoConfig, TrainConfig
 from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
@@ -29,17 +32,32 @@ class NonFiniteError(UserError):
 
 # GradScaler starts at 2**16; sixteen halvings reach a scale of 1.
 SCALER_CALIBRATION_SKIPS = 16
+# A rare non-finite update (one bad batch) is skipped; this many in a row means the run diverged.
+MAX_CONSECUTIVE_SKIPS = 5
+
+
+@dataclass
+class StepSums:
+    """Per-token statistics summed on the device over a step, read back once in `summary`."""
+
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    norms: list[torch.Tensor] = field(default_factory=list)
+    updates: int = 0
 
 
 class Trainer:
-    def __init__(self, model: PreTrainedModel, config: Config, pad_id: int,
-                 ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None) -> None:
-        self.model, self.ref_model, self.cfg, self.pad_id = model, ref_model, config, pad_id
-        self.algo = config.algo
+    def __init__(self, model: PreTrainedModel, algo: AlgoConfig, train: TrainConfig, pad_id: int, *,
+                 ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None,
+                 temperature: float = 1.0, loss_constant: float | None = None) -> None:
+        """`temperature` scales logits as the generator's sampling did (generation.temperature);
+        `loss_constant` is Dr. GRPO's fixed length for algo.loss_agg=constant (generation.max_new_tokens)."""
+        if algo.loss_agg == "constant" and loss_constant is None:
+            raise ValueError("algo.loss_agg=constant needs loss_constant (generation.max_new_tokens)")
+        self.model, self.ref_model, self.algo, self.pad_id = model, ref_model, algo, pad_id
+        self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
+        self.loss_constant = float(loss_constant or 0.0)
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype if self.device.type == "cuda" else None
-        if config.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
             weight_decay=self.algo.weight_decay, fused=self.device.type == "cuda")
@@ -49,11 +67,10 @@ class Trainer:
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
         self.version = 0
-        self.micro_batch_tokens = config.train.micro_batch_tokens  # halved for good after an OOM
+        self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
-        self.max_consecutive_skips = 5
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -63,16 +80,12 @@ class Trainer:
     def _logprobs(self, model: PreTrainedModel, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  self.cfg.generation.temperature, self.cfg.train.logprob_chunk)
+                                  self.temperature, self.logprob_chunk)
 
-    def assign_advantages(self, groups: list[Group]) -> None:
-        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # (B, G)
-        adv = losses.group_advantages(rewards, self.algo.adv_std_norm).tolist()
-        for g, row in zip(groups, adv):
-            for s, a in zip(g.samples, row):
-                s.advantage = a
-
-    def _minibatches(self, groups: list[Group]) -> list[list[MicroBatch]]:
+    def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
+        """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
+        micro-batches by the token budget and moved to the trainer's device."""
+        self.model.train()  # a freshly loaded model is in eval mode
         m = self.algo.minibatches
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
@@ -80,7 +93,7 @@ class Trainer:
         return [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
 
     @torch.no_grad()
-    def _fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
+    def fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
         """pi_prox (the policy at the start of this step, DESIGN rule 4) and the reference policy."""
         need_prox = self.algo.objective == "decoupled" and self.algo.prox == "recompute"
         for mb in (mb for part in packed for mb in part):
@@ -89,37 +102,26 @@ class Trainer:
             if self.ref_model is not None:
                 mb.ref_logp = self._logprobs(self.ref_model, mb)[0].float()
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
-        """Train on a batch of groups; returns the step's metrics. Bumps `version`."""
-        self.model.train()
-        self.assign_advantages(groups)
-        packed = self._minibatches(groups)
-        self._fill_fixed_logprobs(packed)
-        sums: dict[str, torch.Tensor] = {}
-        norms: list[torch.Tensor] = []
-        updates = self.algo.ppo_epochs * len(packed)
-        for epoch in range(self.algo.ppo_epochs):
-            for k, part in enumerate(packed):
-                theta_version = self.version + (epoch * len(packed) + k) / updates
-                norms.append(self._update(part, theta_version, sums))
-        self.version += 1
-        return self._summary(packed, sums, norms, updates)
-
-    def _update(self, part: list[MicroBatch], theta_version: float, sums: dict[str, torch.Tensor]) -> torch.Tensor:
+    def accumulate(self, part: list[MicroBatch], theta_version: float, step: StepSums) -> None:
+        """Forward and backward every micro-batch of a mini-batch (their losses sum to the
+        mini-batch loss); after an out-of-memory error, halve the micro-batches and start over."""
         totals = Totals(tokens=float(sum(mb.completion_tokens for mb in part)),
-                        seqs=float(sum(mb.input_ids.shape[0] for mb in part)),
-                        constant=float(self.cfg.generation.max_new_tokens))
+                        seqs=float(sum(mb.input_ids.shape[0] for mb in part)), constant=self.loss_constant)
         while True:
             try:
-                self._accumulate(part, totals, theta_version, sums)
-                break
+                self._accumulate(part, totals, theta_version, step.sums)
+                return
             except torch.cuda.OutOfMemoryError:
                 part = self._split_after_oom(part)
+
+    def optimizer_step(self, step: StepSums) -> None:
+        """Clip the accumulated gradients and step the optimizer (a non-finite norm skips it)."""
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
         self._optimizer_step(norm)
-        return norm
+        step.norms.append(norm)
+        step.updates += 1
 
     def _accumulate(self, part: list[MicroBatch], totals: Totals, theta_version: float,
                     sums: dict[str, torch.Tensor]) -> None:
@@ -162,7 +164,7 @@ class Trainer:
             self.consecutive_skips += 1
             # fp16 loss scaling overflows a few times by design while it finds its scale (each skip
             # halves it), so it is allowed that many more skips in a row before the run stops.
-            limit = self.max_consecutive_skips + (SCALER_CALIBRATION_SKIPS if self.scaler else 0)
+            limit = MAX_CONSECUTIVE_SKIPS + (SCALER_CALIBRATION_SKIPS if self.scaler else 0)
             if self.consecutive_skips >= limit:
                 raise NonFiniteError(f"{self.consecutive_skips} consecutive updates had a non-finite loss or "
                                      "gradient; lower algo.lr or check the reward function")
@@ -170,10 +172,12 @@ class Trainer:
         self.consecutive_skips = 0
         self.scheduler.step()
 
-    def _summary(self, packed: list[list[MicroBatch]], sums: dict[str, torch.Tensor],
-                 norms: list[torch.Tensor], updates: int) -> dict[str, float]:
+    def summary(self, packed: list[list[MicroBatch]], step: StepSums) -> dict[str, float]:
+        """The step's metrics. Reads every device-side sum back at once: the step's one host sync."""
+        sums, updates = step.sums, step.updates
         keys = sorted(sums)
-        values = torch.stack([sums[k] for k in keys] + [torch.stack(norms).float().mean()]).tolist()  # one sync
+        # Intentional host sync, the step's only one besides the non-finite check per update.
+        values = torch.stack([sums[k] for k in keys] + [torch.stack(step.norms).float().mean()]).tolist()
         total = dict(zip(keys + ["grad_norm"], values))
         tokens = max(total.pop("tokens"), 1.0)
         mbs = [mb for part in packed for mb in part]

@@ -1,0 +1,180 @@
+"""Builders for the parts of a run, each from the config sections it needs. `run.setup` calls them
+in order; `bench` reuses them with random weights and synthetic prompts, so both build the engine,
+the trainer and the workers the same way."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from .config import Config
+from .errors import UserError
+from .evaluation import EvalSet, evaluate
+from .generation import Engine, SamplingParams
+from .models import load_model, resolve_dtype
+from .orchestrator import EngineWorker, TrainerWorker
+from .rewards import RewardService
+from .tasks import PromptRenderer, Task, build_scorer, build_task
+from .tasks.base import Example
+from .trainer import Trainer
+from .weightsync import WeightSync
+
+Log = Callable[[str], None]
+
+
+def resolve_device(name: str, role: str) -> torch.device:
+    """'auto': the generator on cuda:0, the trainer on cuda:1 when there are two GPUs, else both on
+    cuda:0; the CPU when there is no GPU."""
+    if name != "auto":
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
+        return device
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
+
+
+# -- data ----------------------------------------------------------------------------------------
+@dataclass
+class Data:
+    task: Task
+    train: list[Example]
+    held_out: list[Example]
+
+
+def build_data(config: Config, log: Log) -> Data:
+    """The task and its splits: data errors surface here, before any model loads."""
+    task = build_task(config)
+    train, held_out = task.splits()
+    if getattr(task, "skipped", 0):
+        log(f"skipped {task.skipped} malformed rows (data.skip_bad_rows)")
+    return Data(task, train, held_out)
+
+
+def model_path(config: Config, log: Log) -> str:
+    """Where the policy loads from: the warm-started tiny model (trained once, cached) or model.name."""
+    if config.model.name == "tiny":
+        from .warmup import ensure_tiny  # the warm-start trains a model: imported only when needed
+
+        return str(ensure_tiny(config, log))
+    return config.model.name
+
+
+@dataclass
+class Prompts:
+    train: list[Example]
+    train_ids: dict[str, list[int]]  # example uid -> prompt token ids
+    eval_set: EvalSet
+
+
+def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Prompts:
+    d = config.data
+    chat = data.task.chat if d.chat_template is None else d.chat_template
+    renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
+    train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
+    if not data.held_out:
+        return Prompts(train, train_ids, EvalSet([], []))
+    held_out, ids = encode_prompts(data.held_out, renderer, d.max_prompt_tokens, d.skip_bad_rows, "held-out", log)
+    return Prompts(train, train_ids, EvalSet(held_out, [ids[e.uid] for e in held_out]))
+
+
+def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int, skip_bad: bool,
+                   split: str, log: Log) -> tuple[list[Example], dict[str, list[int]]]:
+    """Tokenise every prompt once, up front, so a prompt longer than the context is reported (or,
+    with data.skip_bad_rows, skipped and counted) before training starts, not hours into it."""
+    kept, ids, too_long = [], {}, []
+    for example in examples:
+        tokens = renderer.ids(example)
+        if len(tokens) > limit:
+            too_long.append((example.uid, len(tokens)))
+            continue
+        kept.append(example)
+        ids[example.uid] = tokens
+    if too_long and not skip_bad:
+        uid, n = too_long[0]
+        raise UserError(f"{split} prompt '{uid}' has {n} tokens, more than data.max_prompt_tokens={limit} "
+                        f"({len(too_long)} such prompts); raise the limit or set data.skip_bad_rows=true")
+    if too_long:
+        log(f"skipped {len(too_long)} {split} prompts longer than data.max_prompt_tokens={limit}")
+    if not kept:
+        raise UserError(f"no {split} prompts left (all {len(examples)} are longer than data.max_prompt_tokens)")
+    return kept, ids
+
+
+# -- models, engine, trainer -----------------------------------------------------------------------
+@dataclass
+class Models:
+    gen: PreTrainedModel  # the generator's copy, in the generation dtype
+    train: PreTrainedModel  # the fp32 master weights
+    ref: PreTrainedModel | None  # the frozen KL reference (None when algo.kl_coef = 0)
+    compute_dtype: torch.dtype  # the trainer's autocast dtype
+
+
+def build_models(config: Config, start: str, policy: str, gen_device: torch.device,
+                 train_device: torch.device) -> Models:
+    """`start` is the policy the run began from (the KL reference); `policy` the weights to train
+    from now (a checkpoint's when resuming, else `start`)."""
+    trust = config.model.trust_remote_code
+    gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust)
+    train = load_model(policy, torch.float32, train_device, trust)
+    if config.model.gradient_checkpointing:
+        train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
+    ref = None
+    if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
+        source = load_model(start, compute_dtype, train_device) if policy != start else copy.deepcopy(train)
+        ref = source.to(compute_dtype).eval().requires_grad_(False)
+    return Models(gen, train, ref, compute_dtype)
+
+
+def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int, what: str) -> int:
+    """The engine's context: the longest prompt plus the longest completion, checked against the
+    model's own context (`what` names the settings that set them, for the error)."""
+    max_len = longest_prompt + new_tokens
+    limit = getattr(model.config, "max_position_embeddings", max_len)
+    if max_len > limit:
+        raise UserError(f"{what} = {max_len} exceeds the model's context of {limit} tokens")
+    return max_len
+
+
+def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
+                 compile: bool | None = None) -> Engine:
+    g, a = config.generation, config.algo
+    return Engine(model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
+                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
+                  cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
+                  compile=g.compile if compile is None else compile, timed=True)
+
+
+def build_trainer(config: Config, models: Models, pad_id: int) -> Trainer:
+    return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
+                   autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
+                   loss_constant=config.generation.max_new_tokens)
+
+
+def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
+                  evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
+    """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
+    them after a resume restored the trainer: they start at its version."""
+    sync = WeightSync(trainer.model, gen_model)
+    sync.set_version(trainer.version)  # both models were loaded from the same weights
+    return EngineWorker(engine, sync), TrainerWorker(trainer, sync, evaluate)
+
+
+def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,
+                    decode: Callable[[list[int]], str], eos: list[int]) -> Callable[[], dict[str, float]]:
+    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread)."""
+    max_new_tokens = config.eval.max_new_tokens or config.generation.max_new_tokens
+
+    def run_eval() -> dict[str, float]:
+        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens)
+        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
+    return run_eval
+
+
+def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:
+    return RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)

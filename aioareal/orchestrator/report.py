@@ -1,0 +1,92 @@
+"""What the orchestrator hands its hooks after each step: a `StepReport` of plain data. The row
+and sample names are a public contract (metrics.jsonl, samples.jsonl): the plot, report and
+dashboard commands read them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import fmean, pstdev
+from typing import Any
+
+from ..checkpoint import RunState
+from ..samples import Group
+
+
+@dataclass
+class StepReport:
+    """One training step (or the step-0 evaluation, with no groups), as numbers."""
+
+    step: int
+    row: dict[str, Any]  # the metrics.jsonl row
+    samples: list[dict[str, Any]]  # the samples.jsonl rows of the trained groups
+    groups: list[Group]
+    state: RunState  # the counters a checkpoint taken after this step holds
+
+    @property
+    def staleness(self) -> list[int]:
+        return [s["staleness"] for s in self.samples]
+
+
+@dataclass
+class Clocks:
+    """Running totals the orchestrator keeps; a row reports the change since the previous row."""
+
+    time: float = 0.0
+    gen_busy: float = 0.0
+    train_busy: float = 0.0
+    tokens: int = 0
+    gen_phases: dict[str, float] = field(default_factory=dict)  # seconds per generator phase
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict[str, float],
+             train_seconds: float, before: Clocks, now: Clocks, counters: dict[str, Any]) -> dict[str, Any]:
+    """Metrics of one step over the interval since the previous row; `counters` are the
+    orchestrator's versions and ledger at this moment."""
+    wall = now.time - before.time
+    gen_busy, train_busy = now.gen_busy - before.gen_busy, now.train_busy - before.train_busy
+    samples = [s for g in groups for s in g.samples]
+    staleness = [s.staleness(trained_version) for s in samples]
+    rewards = [s.reward for s in samples]
+    return {
+        "step": step,
+        **{k: counters[k] for k in ("version", "gen_version")},
+        "time": now.time,
+        "reward_mean": fmean(rewards),
+        "reward_std": pstdev(rewards),
+        "response_len_mean": fmean(len(s.tokens) for s in samples),
+        "staleness_mean": fmean(staleness),
+        "staleness_max": max(staleness),
+        "dropped_stale": counters["dropped_stale"],
+        # Engine speed: tokens per second of generator busy time (wall-clock rates would mix in
+        # whatever else the interval held, such as an evaluation overlapping generation).
+        "gen_tokens_per_s": _ratio(now.tokens - before.tokens, gen_busy),
+        "train_tokens_per_s": _ratio(metrics.get("train_tokens", 0), train_seconds),
+        "samples_per_s": _ratio(len(samples), wall),
+        # Busy time can exceed the wall time by the clocks' granularity: clamp the idle share at 0.
+        "gen_idle_frac": max(0.0, 1.0 - _ratio(gen_busy, wall)),
+        "train_idle_frac": max(0.0, 1.0 - _ratio(train_busy, wall)),
+        **{k: v for k, v in counters.items() if k.startswith("groups_") or k == "reward_failures"},
+        **metrics,
+        **{f"time_gen_{phase}": now.gen_phases.get(phase, 0.0) - before.gen_phases.get(phase, 0.0)
+           for phase in now.gen_phases},
+    }
+
+
+def sample_rows(step: int, trained_version: int, groups: list[Group], now: float) -> list[dict[str, Any]]:
+    return [{
+        "step": step,
+        "group_id": g.group_id,
+        "version_min": s.version_min,
+        "version_max": s.version_max,
+        "staleness": s.staleness(trained_version),
+        "reward": s.reward,
+        "advantage": s.advantage,
+        "length": len(s.tokens),
+        "finish_reason": s.completion.finish_reason,
+        "admitted_at": g.admitted_at,
+        "finished_at": g.finished_at,
+        "trained_at": now,
+    } for g in groups for s in g.samples]

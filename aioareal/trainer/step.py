@@ -1,0 +1,49 @@
+"""One RL training step, top to bottom. Each phase is timed by name (`time_<phase>` in
+metrics.jsonl): advantages -> pack -> fixed log-probs -> per mini-batch, micro-batch losses and an
+optimizer step -> publish the new version to the generator."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import losses
+from ..samples import Group
+from ..timing import PhaseTimer
+from .trainer import StepSums, Trainer
+
+
+def train_step(trainer: Trainer, groups: list[Group],
+               publish: Callable[[int], None] = lambda version: None) -> dict[str, float]:
+    """Train on a batch of B groups, bump the policy version, `publish` it (weightsync); returns
+    the step's metrics with one `time_<phase>` entry per phase."""
+    timer = PhaseTimer(trainer.device)
+    with timer("advantages", host=True):  # group-normalised rewards (DESIGN rule 4), one per sample
+        assign_advantages(groups, trainer.algo.adv_std_norm)
+    with timer("pack", host=True):  # mini-batches of whole groups, packed into micro-batches by token budget
+        minibatches = trainer.pack(groups)
+    with timer("fixed_logprobs"):  # pi_prox (decoupled, recomputed) and the KL reference, no grad
+        trainer.fill_fixed_logprobs(minibatches)
+    sums = StepSums()
+    updates = trainer.algo.ppo_epochs * len(minibatches)
+    for epoch in range(trainer.algo.ppo_epochs):
+        for k, part in enumerate(minibatches):
+            # The policy's version at this update, between v and v+1 (loglinear pi_prox needs it).
+            theta_version = trainer.version + (epoch * len(minibatches) + k) / updates
+            with timer("loss"):  # forward + backward of every micro-batch; gradients add up
+                trainer.accumulate(part, theta_version, sums)
+            with timer("optimizer"):  # clip, step (or skip a non-finite update), schedule
+                trainer.optimizer_step(sums)
+    trainer.version += 1
+    with timer("publish"):  # stage the new weights for the generator (no host wait)
+        publish(trainer.version)
+    metrics = trainer.summary(minibatches, sums)  # the step's one host sync
+    return {**metrics, **{f"time_{phase}": s for phase, s in timer.take().items()}}
+
+
+def assign_advantages(groups: list[Group], std_norm: bool) -> None:
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # (B, G), on the CPU
+    advantages = losses.group_advantages(rewards, std_norm).tolist()  # CPU tensors: no device sync
+    for group, row in zip(groups, advantages):
+        for sample, advantage in zip(group.samples, row):
+            sample.advantage = advantage
