@@ -113,7 +113,7 @@ def one_cycle(graph: dict[str, dict[str, str]], component: list[str], start: str
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert "aioareal.orchestrator.loop" in graph and graph["aioareal.orchestrator.loop"]  # the walk sees imports
+    assert len(graph) > 1 and any(graph.values())  # the walk does find modules and their imports
     report = []
     for component in strongly_connected(graph):
         report.append(f"import cycle among {', '.join(component)}:")
