@@ -35,7 +35,7 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_debug_shows_the_traceback(capsys):
+def test_debug_shows_the_traceback():
     from aioareal.errors import ConfigError
 
     with pytest.raises(ConfigError):

@@ -3,6 +3,7 @@ training step, and a short async run. Skipped without a CUDA device (see conftes
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -30,7 +31,15 @@ def _generate(engine, groups=4, g=4):
     return sorted(out, key=lambda r: r.request.group_id)
 
 
-def _check_against_hf(model, results, tol):
+# In bf16 the engine's logprobs differ from an HF forward's by about 0.0010-0.0015 on average (the
+# comment on Engine._norm in aioareal/generation/forward.py). Half precision is held to 3x that on
+# average (fp16, with 3 more mantissa bits, should do better; not measured, so not tightened further);
+# the per-token tolerance only catches outliers.
+HALF_MEAN_ERROR = 3 * 0.0015
+
+
+def _check_against_hf(model, results, tol, mean_tol=None):
+    errors = []
     for r in results:
         for c in r.completions:
             ids = torch.tensor([r.request.prompt_ids + c.tokens], device=CUDA)
@@ -38,12 +47,17 @@ def _check_against_hf(model, results, tol):
                 logp = torch.log_softmax(model(ids).logits[0].float(), -1)
             ref = logp[len(r.request.prompt_ids) - 1:-1].gather(-1, ids[0, len(r.request.prompt_ids):, None])
             torch.testing.assert_close(torch.tensor(c.logprobs), ref.squeeze(-1).cpu(), atol=tol, rtol=tol)
+            errors.append((torch.tensor(c.logprobs) - ref.squeeze(-1).cpu()).abs())
+    mean = torch.cat(errors).mean().item()
+    assert mean_tol is None or mean <= mean_tol, f"mean logprob error {mean:.5f} > {mean_tol}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_engine_logprobs_match_hf_forward_on_cuda(dtype):
     model = random_model("tiny", dtype, CUDA, seed=3)
-    _check_against_hf(model, _generate(_engine(model, graphs=False)), 1e-4 if dtype == torch.float32 else 5e-2)
+    half = dtype != torch.float32
+    _check_against_hf(model, _generate(_engine(model, graphs=False)), 5e-2 if half else 1e-4,
+                      HALF_MEAN_ERROR if half else None)
 
 
 def test_cuda_graph_decode_matches_hf_forward():
@@ -59,7 +73,7 @@ def test_compiled_decode_in_cuda_graphs_matches_hf_forward():
     engine = _engine(model, graphs=True, seed=5, compile=True)
     results = _generate(engine)
     assert engine.graphs is not None and engine.graphs.graphs
-    _check_against_hf(model, results, 5e-2)
+    _check_against_hf(model, results, 5e-2, HALF_MEAN_ERROR)
 
 
 def test_graph_capture_does_not_shift_the_sampled_tokens():
@@ -114,5 +128,6 @@ def test_bf16_training_step_and_async_run(tmp_path):
     train(config, log=lambda *_: None, printer=lambda row: None)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    assert all(r["loss"] is not None and r["grad_norm"] == r["grad_norm"] for r in rows[1:])
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows[1:])
+    assert rows[-1]["skipped_updates"] == 0  # bf16 autocast: no update was skipped as non-finite
     assert max(r["staleness_max"] for r in rows[1:]) <= 2

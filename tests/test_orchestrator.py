@@ -26,6 +26,7 @@ class Recorder:
         self.rows: list[dict] = []
         self.samples: list[dict] = []
         self.o: Orchestrator | None = None
+        self.untrained: list[int] = []  # groups started and not yet trained, each time one starts
 
     async def on_step(self, report):
         self.rows.append(report.row)
@@ -51,6 +52,14 @@ def simulate(mode="async", k=2, b=4, g=4, steps=20, slots=None, train_time=1.0, 
     o = Orchestrator(Schedule(mode, k, b, g, steps, drop_constant_groups=reject_constant),
                      gen, trainer, prompts, score, rec)
     rec.o = o
+    submit = gen.submit
+
+    def submit_and_count(request):
+        submit(request)
+        rec.untrained.append(request.group_id + 1 - len(trainer.trained_group_ids) - o.ledger.rejected
+                             - o.ledger.dropped_stale)
+
+    gen.submit = submit_and_count
     run_virtual(o.run())
     return o, trainer, gen, rec
 
@@ -63,8 +72,11 @@ def test_staleness_bound_is_exact_and_nothing_is_lost(mode, k):
     assert o.ledger.dropped_stale == 0  # rule 1 + oldest-first batches: the filter never fires
     # Every admitted group is trained exactly once, in admission order.
     assert trainer.trained_group_ids == list(range(25 * 4))
-    assert o.ledger.admitted == o.ledger.trained + o.ledger.dropped_stale + o.ledger.rejected + o.ledger.in_flight
+    assert o.ledger.admitted == len(rec.untrained) == 25 * 4  # the generator started just the groups trained
     assert o.ledger.in_flight == 0
+    # Admission's consequence, observed as groups start: at most K + 1 batches' worth of groups are
+    # admitted and untrained at any moment, and the generator does use all of that allowance.
+    assert max(rec.untrained) == (k + 1) * 4
     if k > 0 and mode != "sync":
         assert max(staleness) == k  # the generator really runs ahead
 
@@ -106,7 +118,7 @@ def test_rejected_groups_free_their_place_and_are_counted(mode, k):
     o, trainer, _, rec = simulate(mode, k, b=4, g=2, steps=10, reject_constant=True)
     assert o.ledger.rejected > 0
     assert len(trainer.trained_group_ids) == 40
-    assert o.ledger.admitted == o.ledger.trained + o.ledger.rejected + o.ledger.in_flight + o.ledger.dropped_stale
+    assert o.ledger.admitted == len(rec.untrained) and o.ledger.rejected == len(rec.untrained) - 40  # none left over
     assert max(s["staleness"] for s in rec.samples) <= k
 
 
@@ -121,21 +133,34 @@ def test_property_staleness_bound_and_exactly_once(k, b, g, slot_factor, train_t
     assert all(s["staleness"] <= k for s in rec.samples)
     assert trainer.trained_group_ids == sorted(set(trainer.trained_group_ids))
     assert len(trainer.trained_group_ids) == 6 * b
-    assert o.ledger.admitted == o.ledger.trained + o.ledger.dropped_stale + o.ledger.rejected + o.ledger.in_flight
+    assert o.ledger.admitted == len(rec.untrained) == 6 * b and o.ledger.dropped_stale == 0
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(k=st.integers(0, 5), b=st.integers(1, 8), events=st.lists(st.sampled_from("afrt"), max_size=200))
 def test_property_admission_never_exceeds_its_bound(k, b, events):
+    """The admission counters against a model that tracks each group: a = admit if there is capacity,
+    f / r = the newest running group finishes kept / rejected, t = the trainer takes the B oldest
+    admitted groups if all are finished (the oldest-first buffer's rule)."""
     a, version = Admission(b, k), 0
+    queue: list[list] = []  # [admission version, finished] of every admitted, untrained, unrejected group
     for e in events:
         if e == "a" and a.capacity(version) > 0:
             a.admit()
+            queue.append([version, False])
         elif e in "fr" and a.running > 0:
             a.finish(kept=e == "f")
-        elif e == "t" and a.accepted >= (version + 1) * b:
-            version += 1  # the trainer consumed a batch
-        assert a.accepted + a.running <= (k + version + 1) * b
+            newest = max(i for i, (_, done) in enumerate(queue) if not done)
+            if e == "f":
+                queue[newest][1] = True
+            else:
+                del queue[newest]
+        elif e == "t" and len(queue) >= b and all(done for _, done in queue[:b]):
+            assert all(version - admitted <= k for admitted, _ in queue[:b])  # no trained group staler than K
+            del queue[:b]
+            version += 1
+        # Never more than K + 1 batches' worth of groups admitted and untrained; while fewer, one may start.
+        assert len(queue) <= (k + 1) * b and (a.capacity(version) > 0) == (len(queue) < (k + 1) * b)
 
 
 def _group(gid: int, versions: list[int]) -> Group:

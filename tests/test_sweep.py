@@ -97,7 +97,7 @@ def test_a_stopped_run_stops_the_sweep_with_the_signal_exit_code(tmp_path, tiny_
     assert not (root / "mini" / "mode=sync_seed=0" / "DONE").exists()
 
 
-def test_resume_of_a_finished_run_that_lost_its_done_file_marks_it_done(tmp_path, tiny_model_path):
+def test_resume_of_a_finished_run_that_lost_its_done_file_marks_it_done(tmp_path):
     from aioareal.config import load_config
     from aioareal.resume import resume
     from aioareal.run import train

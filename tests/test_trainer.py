@@ -95,11 +95,26 @@ def test_trainer_step_updates_the_weights_and_reports(objective):
     ref = random_model("tiny", torch.float32, torch.device("cpu"), seed=1).requires_grad_(False)
     before = [p.detach().clone() for p in model.parameters()]
     trainer = Trainer(model, config.algo, config.train, pad_id=0, ref_model=ref)
+    kl, tokens, accumulate = [], [], trainer._accumulate
+
+    def accumulate_and_measure(part, *args):  # k3 KL by hand, at the weights each update starts from
+        with torch.no_grad():
+            for mb in part:
+                d = (trainer._logprobs(ref, mb)[0].double() - trainer._logprobs(model, mb)[0].double())
+                kl.append(float(((d.exp() - d - 1) * mb.loss_mask).sum()))
+                tokens.append(int(mb.loss_mask.sum()))
+        accumulate(part, *args)
+
+    trainer._accumulate = accumulate_and_measure
     metrics = train_step(trainer, _groups())
     assert trainer.version == 1
     assert trainer.optimizer.state[next(model.parameters())]["step"] == 4  # 2 mini-batches x 2 epochs
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert metrics["grad_norm"] > 0 and metrics["kl"] >= 0 and 0 <= metrics["padding_frac"] < 1
+    assert metrics["grad_norm"] > 0 and 0 <= metrics["padding_frac"] < 1
+    # The policy starts equal to the reference: no KL in the first update, some in the three after it;
+    # the reported figure is the token mean of the hand-computed k3 over all four updates.
+    assert len(kl) == 4 and kl[0] == 0 and min(kl[1:]) > 0
+    assert metrics["kl"] == pytest.approx(sum(kl) / sum(tokens), rel=1e-3)
     assert ("capped_frac" in metrics) == (objective == "decoupled")
     assert ("dg_gate_mean" in metrics) == (objective == "dg")
 

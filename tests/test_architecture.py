@@ -1,0 +1,159 @@
+"""House checks on the package's shape: no import cycle among aioareal/ modules (lazy imports inside
+functions and under `if TYPE_CHECKING:` included), no file over 300 lines, no function over 50."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "aioareal"
+MAX_FILE_LINES = 300
+MAX_FUNCTION_LINES = 50
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def import_targets(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """Every module name an import statement may load: `from .x import y` loads `pkg.x`, and
+    `pkg.x.y` too when y is a submodule rather than a name; `from . import m` loads `pkg.m`."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([node.module] if node.module else []))
+    else:
+        base = node.module or ""
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def is_ancestor(package: str, module: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def import_graph() -> dict[str, dict[str, str]]:
+    """module -> {imported module: "file:line" of the first such import}. Only edges to modules of
+    the package count. Loading `a.b.c` also runs `a/__init__` and `a/b/__init__`, so those get an
+    edge too, unless the importer sits inside them (its own ancestors are already loading)."""
+    mods = package_modules()
+    graph: dict[str, dict[str, str]] = {m: {} for m in mods}
+    for module, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in import_targets(module, path, node):
+                parts = target.split(".")
+                for name in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                    if name in mods and not is_ancestor(name, module):
+                        where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                        if name != target and target in mods:
+                            where += f", the package of {target}"
+                        graph[module].setdefault(name, where)
+    return graph
+
+
+def strongly_connected(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """Tarjan's algorithm; returns the components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def one_cycle(graph: dict[str, dict[str, str]], component: list[str], start: str) -> list[str]:
+    """A shortest cycle through `start`, staying inside its component."""
+    members = set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w == start:
+                    return paths[v] + [start]
+                if w in members and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no cycle through {start} in {component}")
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 1 and any(graph.values())  # the walk does find modules and their imports
+    report = []
+    for component in strongly_connected(graph):
+        report.append(f"import cycle among {', '.join(component)}:")
+        shown: set[str] = set()
+        for start in component:  # cycles until every module of the component is on one
+            if start not in shown:
+                cycle = one_cycle(graph, component, start)
+                shown.update(cycle)
+                report += [f"    {a} -> {b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+    assert not report, "\n" + "\n".join(report)
+
+
+def test_no_file_over_300_lines():
+    sizes = {path: len(path.read_text().splitlines()) for path in package_modules().values()}
+    long = [f"{path.relative_to(PACKAGE.parent)}: {n} lines" for path, n in sorted(sizes.items())
+            if n > MAX_FILE_LINES]
+    assert not long, f"\nfiles over {MAX_FILE_LINES} lines:\n  " + "\n  ".join(long)
+
+
+def function_sizes(path: Path) -> list[tuple[str, int, int]]:
+    """(qualified name, line of the `def`, lines from the `def` to the function's last line)."""
+    out: list[tuple[str, int, int]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                out.append((name, child.lineno, child.end_lineno - child.lineno + 1))
+                walk(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, prefix + child.name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def test_no_function_over_50_lines():
+    long = [f"{path.relative_to(PACKAGE.parent)}:{line} {name}: {n} lines"
+            for path in package_modules().values() for name, line, n in function_sizes(path)
+            if n > MAX_FUNCTION_LINES]
+    assert not long, f"\nfunctions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(long)
