@@ -131,13 +131,15 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
 
     policy = str(resume_from / "policy") if resume_from else path
     gen_model = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device,
-                           config.model.trust_remote_code)
-    train_model = load_model(policy, torch.float32, train_device, config.model.trust_remote_code)
+                           config.model.trust_remote_code, allow_pickle=config.model.allow_pickle)
+    train_model = load_model(policy, torch.float32, train_device, config.model.trust_remote_code,
+                             allow_pickle=config.model.allow_pickle)
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref_model = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
         # The reference is the policy the run started from, also when resuming.
-        source = load_model(path, compute_dtype, train_device) if resume_from else copy.deepcopy(train_model)
+        source = load_model(path, compute_dtype, train_device, config.model.trust_remote_code,
+                            allow_pickle=config.model.allow_pickle) if resume_from else copy.deepcopy(train_model)
         ref_model = source.to(compute_dtype).eval().requires_grad_(False)
     eos = eos_token_ids(gen_model, tokenizer)
     g, a = config.generation, config.algo
