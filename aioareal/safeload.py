@@ -6,10 +6,10 @@ happening:
 
 1. `scan` reads the archive's pickle opcode by opcode with `pickletools` (which parses and never
    executes) and refuses any global other than the few a checkpoint of ours names: `OrderedDict`,
-   the tensor rebuild function and the typed storages. It also refuses members a `torch.save`
-   archive does not have (TorchScript code). This is stricter than torch's own allow-list and
-   does not depend on the torch version (`weights_only=True` could be bypassed before torch 2.6,
-   CVE-2025-32434; pyproject allows older torch).
+   the tensor rebuild function and the typed storages. It also refuses TorchScript code and any
+   second pickle in the archive. This is stricter than torch's own allow-list and does not depend
+   on the torch version (`weights_only=True` could be bypassed before torch 2.6, CVE-2025-32434;
+   pyproject allows older torch).
 2. The load itself is `torch.load(weights_only=True)`, torch's restricted unpickler.
 
 The scan also tells a refusal from corruption: a file whose archive or pickle is not well formed
@@ -33,10 +33,11 @@ from .errors import UserError
 # numbers and strings need none; tensors need the rebuild function and a typed storage class.
 PLAIN_GLOBALS = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2"}
 STORAGE = re.compile(r"torch\.[A-Za-z0-9]*Storage")
-# The members of a torch.save zip archive (torch 2.4 to 2.13): one top-level folder holding the
-# pickle, raw storages under data/, and a few small version records.
-ARCHIVE_MEMBER = re.compile(r"[^/]+/(data\.pkl|data/\d+|version|byteorder|\.format_version|"
-                            r"\.storage_alignment|\.data/[\w.]+)")
+# What marks a zip as more than torch.save's one pickle plus raw storages and version records: a
+# second pickle or TorchScript code, which torch before 2.6 would run even with weights_only=True.
+# (A list of the members torch.save writes would be stricter, but torch adds records over time.)
+FOREIGN_MEMBER = re.compile(r"(.*/)?(code/.*|[^/]*\.pkl)")
+DATA_PICKLE = re.compile(r"[^/]+/data\.pkl")
 
 
 class UnsafeFile(UserError):
@@ -65,11 +66,11 @@ def scan(path: Path) -> None:
             raise UnsafeFile(path, "a bare pickle stream instead of the zip archive torch.save writes")
     with zipfile.ZipFile(path) as archive:  # BadZipFile for a truncated archive
         for info in archive.infolist():  # infolist, not names: a duplicated name must not hide a member
-            if not ARCHIVE_MEMBER.fullmatch(info.filename):
-                raise UnsafeFile(path, f"a member {info.filename!r} (TorchScript code or other non-data)")
-            if info.filename.endswith("/data.pkl"):
+            if DATA_PICKLE.fullmatch(info.filename):
                 with archive.open(info) as pickle:
                     _check_globals(path, _globals(pickle))
+            elif FOREIGN_MEMBER.fullmatch(info.filename):
+                raise UnsafeFile(path, f"a member {info.filename!r} (TorchScript code or a second pickle)")
 
 
 def _check_globals(path: Path, names: list[str]) -> None:

@@ -12,6 +12,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections import OrderedDict
 from pathlib import Path
 
@@ -126,6 +127,16 @@ def test_the_cli_exits_2_on_a_crafted_checkpoint(run_copy, tmp_path):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "trainer.pt: refused to load" in proc.stderr and "posix.system" in proc.stderr
     assert not marker.exists()
+
+
+def test_torchscript_code_or_a_second_pickle_in_the_archive_is_refused(tmp_path):
+    """torch before 2.6 ran TorchScript archives even with weights_only=True (CVE-2025-32434)."""
+    file = tmp_path / "trainer.pt"
+    torch.save({"version": 2}, file)
+    with zipfile.ZipFile(file, "a") as archive:  # a plain archive plus what TorchScript adds
+        archive.writestr("trainer/constants.pkl", pickle.dumps(()))
+    with pytest.raises(UnsafeFile, match="'trainer/constants.pkl' .TorchScript code or a second pickle"):
+        load_plain(file)
 
 
 def test_plain_checkpoint_data_loads(tmp_path):
