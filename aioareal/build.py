@@ -118,15 +118,16 @@ def build_models(config: Config, start: str, policy: str, gen_device: torch.devi
                  train_device: torch.device) -> Models:
     """`start` is the policy the run began from (the KL reference); `policy` the weights to train
     from now (a checkpoint's when resuming, else `start`)."""
-    trust = config.model.trust_remote_code
-    gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust)
-    train = load_model(policy, torch.float32, train_device, trust)
+    trust, pickle = config.model.trust_remote_code, config.model.allow_pickle
+    gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust, allow_pickle=pickle)
+    train = load_model(policy, torch.float32, train_device, trust, allow_pickle=pickle)
     if config.model.gradient_checkpointing:
         train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
-        source = load_model(start, compute_dtype, train_device) if policy != start else copy.deepcopy(train)
+        source = (load_model(start, compute_dtype, train_device, trust, allow_pickle=pickle) if policy != start
+                  else copy.deepcopy(train))
         ref = source.to(compute_dtype).eval().requires_grad_(False)
     return Models(gen, train, ref, compute_dtype)
 

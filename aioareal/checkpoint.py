@@ -7,6 +7,11 @@ as is); optimizer, scheduler, RNG states and the run's counters go beside it.
         trainer.pt      optimizer, scheduler, loss scaler, version
         rng.pt          python, torch CPU/CUDA and sampling-generator states
         state.json      step, data cursor, group ledger, elapsed time (written last)
+
+Everything reads back without running code from the files: the policy is safetensors, state.json
+is JSON, and the two .pt files hold only plain data (dicts, lists, numbers, tensors) that
+`safeload.load_plain` checks before `torch.load(weights_only=True)`. A resume of a run directory
+someone else produced can therefore not be made to execute anything through its checkpoints.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .io import atomic_write_text
+from .safeload import UnsafeFile, load_plain
 
 PREFIX = "step-"
 
@@ -68,6 +74,11 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
         try:
             check_readable(path)
             return path
+        except UnsafeFile:
+            # Refused, not broken: moving it aside and resuming from the checkpoint before would
+            # turn a planted file into a warning nobody reads and train on in a run directory that
+            # someone tampered with. Stop here, name the file, and let the user decide.
+            raise
         except Exception as e:  # any way a file can be broken: report it, try the previous one
             aside = path.with_name(f"broken-{path.name}")
             shutil.rmtree(aside, ignore_errors=True)
@@ -109,7 +120,10 @@ def rng_state(engine_generator: torch.Generator | None) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], engine_generator: torch.Generator | None) -> None:
-    random.setstate(state["python"])
+    # random.setstate wants (version, tuple of 625 ints, gauss_next); accept the inner state as a
+    # list too, the form it takes once it has been through any plain format other than pickle.
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -144,11 +158,11 @@ def load_state(path: Path) -> RunState:
 
 
 def load_trainer_state(path: Path, device: torch.device) -> dict[str, Any]:
-    return torch.load(path / "trainer.pt", map_location=device, weights_only=False)
+    return load_plain(path / "trainer.pt", map_location=device)
 
 
 def load_rng(path: Path) -> dict[str, Any]:
-    return torch.load(path / "rng.pt", weights_only=False)
+    return load_plain(path / "rng.pt")
 
 
 def _fsync_tree(root: Path) -> None:

@@ -32,7 +32,10 @@ class ModelConfig:
     train_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
         "autocast dtype of the trainer (master weights stay fp32); auto follows the device", "auto")
     gradient_checkpointing: bool = doc("recompute activations in the backward pass to save memory", False)
-    trust_remote_code: bool = doc("allow custom model code from the hub", False)
+    trust_remote_code: bool = doc("run the Python code a model ships (auto_map in its config.json) for its model and "
+                                  "tokenizer classes: only for a model you trust", False)
+    allow_pickle: bool = doc("load pickle weights (*.bin) when a model has no safetensors; unpickling can run "
+                             "code hidden in the file: only for a model you trust", False)
 
 
 @dataclass

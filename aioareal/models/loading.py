@@ -2,6 +2,12 @@
 
 Every path ends in `AutoModelForCausalLM`: the offline tiny model is saved by the warm-start and
 loaded from disk exactly like a downloaded one, so tests exercise the code real models use.
+
+Weights load from safetensors only, unless `model.allow_pickle`: a `*.bin` file is a pickle, and
+unpickling a file someone else produced can run their code. A local directory with only pickle
+weights is refused up front, naming the file; a hub repository cannot be listed offline, so for a
+hub name `use_safetensors=True` makes transformers refuse instead. `trust_remote_code` (the
+model's own Python files) is off unless the config turns it on.
 """
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ except ImportError:  # pragma: no cover - older transformers
     pass
 
 RANDOM_PREFIX = "random:"
+ALLOW_PICKLE_HINT = ("loading pickle weights (*.bin) can run code hidden in them, so it needs "
+                     "model.allow_pickle=true: set it only for a model you trust, or convert the weights to "
+                     "safetensors with save_pretrained")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -61,16 +70,22 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
 
 
 def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,
-               seed: int = 0) -> PreTrainedModel:
+               seed: int = 0, allow_pickle: bool = False) -> PreTrainedModel:
     """A causal LM on `device` in `dtype`; `random:<shape>` builds one with random weights."""
     if name.startswith(RANDOM_PREFIX):
         return random_model(name[len(RANDOM_PREFIX):], dtype, device, seed)
     _check_local(name)
+    if not allow_pickle:
+        _refuse_pickle_only(name)
     try:
+        # None, not False: with pickles allowed transformers still prefers safetensors when both exist.
         model = AutoModelForCausalLM.from_pretrained(
-            name, trust_remote_code=trust_remote_code, attn_implementation="sdpa", **_dtype_kwarg(dtype))
+            name, trust_remote_code=trust_remote_code, attn_implementation="sdpa",
+            use_safetensors=None if allow_pickle else True, **_dtype_kwarg(dtype))
     except (OSError, ValueError) as e:
-        raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)})") from None
+        # A hub repository without safetensors ends up here (a local directory was checked above).
+        hint = f"; {ALLOW_PICKLE_HINT}" if not allow_pickle and "safetensors" in str(e) and not _is_local(name) else ""
+        raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)}){hint}") from None
     return model.to(device)
 
 
@@ -100,9 +115,25 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return sorted(ids)
 
 
+def _refuse_pickle_only(name: str) -> None:
+    """A local model directory with pickle weights but no safetensors is an error naming the file."""
+    path = Path(name).expanduser()
+    if not path.is_dir() or any(path.glob("*.safetensors")):
+        return
+    # The names transformers loads pickle weights from (shards and variants included); other .bin
+    # files, such as a Trainer's training_args.bin, are never loaded and need no refusal.
+    pickles = sorted(path.glob("pytorch_model*.bin")) + sorted(path.glob("pytorch_model*.bin.index.json"))
+    if pickles:
+        raise UserError(f"model.name '{name}': {pickles[0]} holds pickle weights and there is no *.safetensors "
+                        f"beside it; {ALLOW_PICKLE_HINT}")
+
+
+def _is_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
+
+
 def _check_local(name: str) -> None:
-    looks_local = name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
-    if looks_local and not Path(name).expanduser().exists():
+    if _is_local(name) and not Path(name).expanduser().exists():
         raise UserError(f"model.name '{name}': no such file or directory")
 
 

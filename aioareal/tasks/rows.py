@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from inspect import signature
 from pathlib import Path
 from typing import Any, Callable
 
@@ -132,7 +133,10 @@ def read_hub(name: str, config: str | None, split: str) -> Located:
     try:
         from datasets import load_dataset
 
-        ds = load_dataset(name, config, split=split)
+        # datasets 2.x runs a dataset's own loading script unless told not to; 4.x has no scripts
+        # and no such argument.
+        no_scripts = {"trust_remote_code": False} if "trust_remote_code" in signature(load_dataset).parameters else {}
+        ds = load_dataset(name, config, split=split, **no_scripts)
         rows = [dict(r) for r in ds]
     except Exception as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
