@@ -15,8 +15,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
+from ..build import build_engine, context_length
+from ..config import Config, RunConfig
+from ..config import GenerationConfig as GenerationSettings  # transformers has a GenerationConfig too
 from ..errors import UserError
-from ..generation import Engine, GroupRequest, SamplingParams
+from ..generation import Engine, GroupRequest
 from .harness import (alternate, build_model, environment, kv_bytes_per_token, max_peak, median_seconds,
                       model_label, parameter_bytes, pick_device, pick_dtype, ratio)
 from .roofline import Roofline, peak_gbps
@@ -92,9 +95,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sequences = args.prompts * args.samples
     slots = args.slots or sequences
     graphs = args.cuda_graphs and device.type == "cuda"
-    engine = Engine(model, eos_ids(model), num_slots=slots, max_len=args.prompt_len + args.new_tokens,
-                    params=SamplingParams(1.0, 1.0, args.new_tokens), seed=args.seed, cuda_graphs=graphs,
-                    compile=args.compile)
+    setting = Config(generation=GenerationSettings(max_new_tokens=args.new_tokens, num_slots=slots, temperature=1.0,
+                                                 top_p=1.0, cuda_graphs=args.cuda_graphs), run=RunConfig(seed=args.seed))
+    max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
+    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False)
     config = generate_config(model, args.samples, args.new_tokens)
     prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
