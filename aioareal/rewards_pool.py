@@ -1,0 +1,305 @@
+"""Worker processes for verifier work that may never end, killed and replaced when it overruns.
+
+Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating
+`9^{9^{9}}`) stalls every other thread of the process, the event loop included, until it returns.
+A process can be killed. So anything that may run unbounded is handed over as a `Deferred`
+('module:function' plus arguments) and runs in a worker; the cheap numeric checks stay in-process.
+
+Design, and what it costs:
+- Workers are spawned (not forked: the parent holds CUDA state and threads) and reused across jobs;
+  the entry point (`rewards_worker.serve`) imports only the standard library plus `preload`.
+- One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their
+  pipes and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On
+  expiry it kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement;
+  the replacement's start-up (about half a second with sympy) is not charged to any job.
+- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has
+  started or not (the reward service gives all jobs of one call the call's deadline).
+- `ProcessPoolExecutor` does not fit: killing one of its workers breaks the whole executor.
+- Workers end with the parent: the pool's `close` (also run at interpreter exit) kills them, and a
+  worker whose parent vanished sees its pipe close and exits.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from .rewards_worker import serve
+
+_CTX = multiprocessing.get_context("spawn")
+MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the pool gives up
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A check to run in a worker process: `fn` is 'package.module:function', called as fn(*args)."""
+    fn: str
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "ok", "timeout" or "error"
+    value: Any = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class _Job:
+    fn: str
+    args: tuple[Any, ...]
+    timeout_s: float | None
+    deadline: float | None  # time.monotonic() seconds
+    future: Future = field(default_factory=Future)
+    started: float | None = None
+
+    def expiry(self) -> float | None:
+        ends = [t for t in (self.deadline, None if self.started is None or self.timeout_s is None
+                            else self.started + self.timeout_s) if t is not None]
+        return min(ends) if ends else None
+
+
+@dataclass
+class _Worker:
+    process: Any  # multiprocessing.Process (spawn context)
+    conn: Connection
+    ready: bool = False
+    job: _Job | None = None
+
+
+class WorkerPool:
+    """`size` spawned worker processes; thread-safe; nothing starts until `start` or the first job."""
+
+    def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
+        self.size, self.preload = size, tuple(preload)
+        self.restarts = 0  # workers killed (timeout) or lost (crash) and replaced
+        self._lock = threading.Lock()
+        self._queue: deque[_Job] = deque()
+        self._workers: list[_Worker] = []
+        self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
+        self._thread: threading.Thread | None = None
+        self._closed, self._broken = False, ""
+        self._failed_starts = 0
+        _POOLS.add(self)
+
+    def start(self, preload: tuple[str, ...] = (), size: int | None = None) -> WorkerPool:
+        """Spawn the workers now (they warm up in the background); grow the pool or its preload list."""
+        with self._lock:
+            self.preload += tuple(m for m in preload if m not in self.preload)
+            self.size = max(self.size, size or 0)
+            if self._closed:
+                return self
+            while len(self._workers) < self.size:
+                self._workers.append(self._spawn())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="reward-pool", daemon=True)
+                self._thread.start()
+        self._wake()
+        return self
+
+    def submit(self, fn: str, args: tuple[Any, ...] = (), timeout_s: float | None = None,
+               deadline: float | None = None) -> Future:
+        """Future of the job's `Outcome`; always resolved, by `timeout_s` of running or `deadline`."""
+        job = _Job(fn, tuple(args), timeout_s, deadline)
+        self.start()
+        with self._lock:
+            if self._closed or self._broken:
+                _resolve(job, Outcome("error", message=self._broken or "worker pool closed"))
+                return job.future
+            self._queue.append(job)
+        self._wake()
+        return job.future
+
+    def run(self, fn: str, args: tuple[Any, ...] = (), timeout_s: float | None = None) -> Outcome:
+        return self.submit(fn, args, timeout_s).result()
+
+    def wait_ready(self, timeout_s: float = 30.0) -> bool:
+        """Block until every worker has started (tests and benchmarks: keep start-up out of timings)."""
+        self.start()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self._lock:
+                if self._broken or all(w.ready for w in self._workers):
+                    return not self._broken
+            time.sleep(0.01)
+        return False
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.process.pid for w in self._workers]
+
+    def close(self) -> None:
+        """Kill the workers; jobs still queued or running resolve as errors."""
+        with self._lock:
+            self._closed = True
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        with self._lock:
+            for worker in self._workers:
+                self._stop(worker, "worker pool closed")
+            self._workers.clear()
+            self._fail_queued("worker pool closed")
+
+    # --- the dispatcher thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._step():
+                pass
+        except Exception as e:  # a bug here must not leave callers waiting forever: fail loudly instead
+            with self._lock:
+                self._broken = f"reward worker pool failed: {type(e).__name__}: {e}"
+                for worker in self._workers:
+                    self._stop(worker, self._broken)
+                self._workers.clear()
+                self._fail_queued(self._broken)
+
+    def _step(self) -> bool:
+        """One round: expire, dispatch, then sleep until a pipe is readable or a job expires."""
+        with self._lock:
+            if self._closed:
+                return False
+            now = time.monotonic()
+            self._expire(now)
+            self._dispatch(now)
+            conns = [self._wake_r] + [w.conn for w in self._workers]
+            expiries = [e for e in (j.expiry() for j in self._pending()) if e is not None]
+        timeout = max(0.0, min(expiries) - time.monotonic()) if expiries else None
+        ready = wait(conns, timeout)
+        with self._lock:
+            for conn in ready:
+                self._on_readable(conn)
+        return True
+
+    def _pending(self) -> list[_Job]:
+        return list(self._queue) + [w.job for w in self._workers if w.job is not None]
+
+    def _expire(self, now: float) -> None:
+        for job in [j for j in self._queue if j.deadline is not None and j.deadline <= now]:
+            self._queue.remove(job)
+            _resolve(job, Outcome("timeout", message="no worker became free before the deadline"))
+        for i, worker in enumerate(self._workers):
+            expiry = worker.job.expiry() if worker.job is not None else None
+            if expiry is not None and expiry <= now:
+                self.restarts += 1
+                self._stop(worker, "")
+                self._workers[i] = self._spawn()
+
+    def _dispatch(self, now: float) -> None:
+        for worker in self._workers:
+            if not self._queue:
+                return
+            if worker.ready and worker.job is None:
+                job = self._queue.popleft()
+                if not job.future.set_running_or_notify_cancel():  # its caller gave up waiting
+                    continue
+                job.started = now
+                worker.job = job
+                try:
+                    worker.conn.send((job.fn, job.args))
+                except (OSError, ValueError):  # died while idle: its pipe is closed; _on_readable replaces it
+                    pass
+
+    def _on_readable(self, conn: Any) -> None:
+        if conn is self._wake_r:
+            while self._wake_r.poll():
+                self._wake_r.recv_bytes()
+            return
+        index = next((i for i, w in enumerate(self._workers) if w.conn is conn), None)
+        if index is None:  # replaced since the wait began
+            return
+        worker = self._workers[index]
+        try:
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            self._lost(index, worker)
+            return
+        if status == "ready":
+            worker.ready, self._failed_starts = True, 0
+        elif worker.job is not None:
+            job, worker.job = worker.job, None
+            _resolve(job, Outcome("ok", value) if status == "ok" else Outcome("error", message=value))
+
+    def _lost(self, index: int, worker: _Worker) -> None:
+        """A worker died on its own (crash, out of memory, killed from outside): replace it."""
+        code = worker.process.exitcode
+        self._stop(worker, f"worker process died (exit code {code})")
+        self._failed_starts = 0 if worker.ready else self._failed_starts + 1
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            self._broken = f"reward worker processes die on start-up (exit code {code}; preload {self.preload})"
+            self._workers.pop(index)
+            self._fail_queued(self._broken)
+            return
+        self.restarts += 1
+        self._workers[index] = self._spawn()
+
+    def _stop(self, worker: _Worker, error: str) -> None:
+        """Kill a worker; its job (if any) resolves as a timeout, or as `error` when one is given."""
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(2)
+        worker.conn.close()
+        if worker.job is not None:
+            _resolve(worker.job, Outcome("error", message=error) if error else Outcome(
+                "timeout", message="killed: ran past its time limit"))
+        worker.job = None
+
+    def _fail_queued(self, message: str) -> None:
+        while self._queue:
+            _resolve(self._queue.popleft(), Outcome("error", message=message))
+
+    def _spawn(self) -> _Worker:
+        parent, child = _CTX.Pipe()
+        process = _CTX.Process(target=serve, args=(child, self.preload), name="aioareal-reward", daemon=True)
+        process.start()
+        child.close()  # the child holds its end; closing ours lets a dead child read as EOF
+        return _Worker(process, parent)
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._wake_w.send_bytes(b"!")
+
+
+def _resolve(job: _Job, outcome: Outcome) -> None:
+    """Deliver an outcome once; a job whose caller cancelled its future is dropped quietly."""
+    try:
+        if not job.future.done():
+            job.future.set_result(outcome)
+    except InvalidStateError:  # cancelled between the check and the set
+        pass
+
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_shared: WorkerPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
+    """The process-wide pool (grown to the largest `size` asked for); started on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared._closed:
+            _shared = WorkerPool(size, preload)
+        else:
+            _shared.size = max(_shared.size, size)
+            _shared.preload += tuple(m for m in preload if m not in _shared.preload)
+        return _shared
+
+
+@atexit.register
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close()
