@@ -96,10 +96,13 @@ class WorkerPool:
     def start(self, preload: tuple[str, ...] = (), size: int | None = None) -> WorkerPool:
         """Spawn the workers now (they warm up in the background); grow the pool or its preload list."""
         with self._lock:
-            self.preload += tuple(m for m in preload if m not in self.preload)
+            added = tuple(m for m in preload if m not in self.preload)
+            self.preload += added
             self.size = max(self.size, size or 0)
             if self._closed:
                 return self
+            for module in added:  # workers already running import it now rather than in a timed job
+                self._queue.extend(_Job(f"{serve.__module__}:warm", (module,), None, None) for _ in self._workers)
             while len(self._workers) < self.size:
                 self._workers.append(self._spawn())
             if self._thread is None:
@@ -293,9 +296,12 @@ def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
     with _shared_lock:
         if _shared is None or _shared._closed:
             _shared = WorkerPool(size, preload)
-        else:
-            _shared.size = max(_shared.size, size)
-            _shared.preload += tuple(m for m in preload if m not in _shared.preload)
+        elif preload or size > _shared.size:
+            if _shared._thread is None:  # not started: just remember
+                _shared.size = max(_shared.size, size)
+                _shared.preload += tuple(m for m in preload if m not in _shared.preload)
+            else:
+                _shared.start(preload, size)
         return _shared
 
 

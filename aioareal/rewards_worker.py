@@ -29,6 +29,11 @@ def resolve(spec: str) -> Callable[..., Any]:
     return fn
 
 
+def warm(module: str) -> None:
+    """A job that only imports `module` (a pool grown a preload after its workers started)."""
+    importlib.import_module(module)
+
+
 def serve(conn: Connection, preload: tuple[str, ...]) -> None:
     """Answer jobs until the parent closes its end of the pipe (or kills this process)."""
     # Ctrl-C in a terminal signals the whole process group: the parent decides when workers end.

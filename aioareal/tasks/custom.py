@@ -17,7 +17,7 @@ from ..errors import DataError
 from .answers import normalize_number
 from .base import Example
 from .rows import RowSource, RowTask, field_value
-from .verify import math_equal
+from .verify import Deferred, grade, math_equal
 
 
 class CustomTask(RowTask):
@@ -31,6 +31,12 @@ class CustomTask(RowTask):
         if normalize_number(example.answer) is not None:
             return math_equal(example.answer, completion, self.timeout_s)
         return float(_squash(completion) == _squash(example.answer))
+
+    def grade(self, completion: str, example: Example) -> float | Deferred:
+        """The reward service's form of `score`: symbolic checks come back as a Deferred for its workers."""
+        if normalize_number(example.answer) is not None:
+            return grade(example.answer, completion)
+        return self.score(completion, example)
 
     def _example(self, row: dict[str, Any], where: str, split: str, index: int) -> Example | None:
         skip = self.source.skip_bad_rows

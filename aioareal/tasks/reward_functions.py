@@ -116,7 +116,10 @@ class WeightedRewards:
         self.functions, self.weights = functions, weights
 
     def __call__(self, texts: list[str], examples: list[Example]) -> list[float]:
-        columns, totals = batch_columns(examples), [0.0] * len(texts)
+        return self.with_columns(texts, batch_columns(examples))
+
+    def with_columns(self, texts: list[str], columns: dict[str, list[Any]]) -> list[float]:
+        totals = [0.0] * len(texts)
         for fn, weight in zip(self.functions, self.weights):
             for i, value in enumerate(fn(list(texts), columns)):
                 if value is not None:
