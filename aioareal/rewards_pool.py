@@ -28,6 +28,7 @@ import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from multiprocessing import spawn
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -266,7 +267,12 @@ class WorkerPool:
     def _spawn(self) -> _Worker:
         parent, child = _CTX.Pipe()
         process = _CTX.Process(target=serve, args=(child, self.preload), name="aioareal-reward", daemon=True)
-        process.start()
+        _skip_main_module()
+        _without_main.on = True
+        try:
+            process.start()
+        finally:
+            _without_main.on = False
         child.close()  # the child holds its end; closing ours lets a dead child read as EOF
         return _Worker(process, parent)
 
@@ -283,6 +289,30 @@ def _resolve(job: _Job, outcome: Outcome) -> None:
             job.future.set_result(outcome)
     except InvalidStateError:  # cancelled between the check and the set
         pass
+
+
+# Spawn re-runs the parent's main script in every child (so functions defined there unpickle). A
+# worker needs none of it: it runs `rewards_worker.serve` and imports what its jobs name. Re-running
+# a user's script would import torch in each worker and, without an `if __name__ == "__main__"`
+# guard, start their training again. So, for our workers only (a thread-local flag around our own
+# `start`), the main-module entries are dropped from spawn's preparation data.
+_without_main = threading.local()
+
+
+def _skip_main_module() -> None:
+    if getattr(spawn.get_preparation_data, "_aioareal", False):
+        return
+    original = spawn.get_preparation_data
+
+    def preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_without_main, "on", False):
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    preparation_data._aioareal = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = preparation_data
 
 
 _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()

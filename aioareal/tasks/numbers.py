@@ -28,7 +28,7 @@ MAX_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
 
 _NUMERAL = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d{1,3}(?: \d{3})+(?![\d/])|\d+)(?:\.\d+)?|\.\d+"
 NUMBER = re.compile(
-    r"(?P<sign>(?<![\w)\]}])-)?(?:[$€£¥₹] ?)?(?P<neg>-)?(?P<num>" + _NUMERAL + r")"
+    r"(?<!\^)(?<!\^ )(?P<sign>(?<![\w)\]}])-)?(?:[$€£¥₹] ?)?(?P<neg>-)?(?P<num>" + _NUMERAL + r")"
     r"(?: (?P<mixed>\d+ ?/ ?\d+)(?![\d/.])| ?/ ?(?P<den>\d+(?:\.\d+)?)(?![\d/]))?"
     r"(?:[eE](?P<exp>[-+]?\d+)(?!\w)| ?[×x*·] ?10 ?\^ ?(?P<exp10>[-+]?\d+)(?![\d^])|\^(?P<pow>\d+)(?![\d^.]))?"
     r"(?: ?(?P<scale>hundred|thousand|million|billion|trillion)s?(?![A-Za-z])|(?P<suffix>k|K|MM|M|bn|B)(?![A-Za-z]))?"
@@ -48,7 +48,7 @@ _BOUND_BEFORE = re.compile(r"(?<![A-Za-z])(?:at (?:least|most)|(?:more|less|fewe
                            re.I)
 _ALTERNATIVE_AFTER = re.compile(r" ?(?:%|percent|per ?cent)? ?(?:or|to|through|thru|and|&|–|—|~|,|;) ?[$€£¥₹]? ?[-.]?\d"
                                 r"|-\d| ?(?:or|and) (?:more|less|fewer|so|above|below|greater|higher|lower|over|under|"
-                                r"up|maybe|possibly|perhaps)(?![a-z])|\+(?! ?[\d(])", re.I)
+                                r"up|maybe|possibly|perhaps)(?![a-z])| ?(?:±|\+/-|\+-)|\+(?! ?[\d(])", re.I)
 _OPERATOR_AFTER = re.compile(r" ?(?:[-+×*/÷^·<>]|x ?[\d(]|\\)|(?:[xyz]+|pi)(?![A-Za-z])")
 _REGION = re.compile(r"[^,;:(\d]*")  # units and words up to the first separator or digit
 _BOUND_IN_REGION = re.compile(r"\b(?:or|to) (?:more|less|fewer|so)\b|\bat (?:least|most)\b|\bor (?:maybe|possibly)\b", re.I)
