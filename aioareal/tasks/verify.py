@@ -97,6 +97,18 @@ def grade_now(golds: list[str], completions: list[str], timeout_s: float = 5.0) 
     return [float(r) for r in results]
 
 
+def grade_batch(golds: list[str], completions: list[str]) -> list[float | Deferred | None]:
+    """`grade` for a batch without running anything deferred (a worker process's job: `bench reward`
+    shards completions over worker processes); None where a number passed the digit limit."""
+    out: list[float | Deferred | None] = []
+    for gold, completion in zip(golds, completions):
+        try:
+            out.append(grade(gold, completion))
+        except ValueError:
+            out.append(None)
+    return out
+
+
 def _squash(s: str) -> str:
     return "".join(s.split()).strip("$").rstrip(".")
 
