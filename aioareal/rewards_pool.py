@@ -238,6 +238,7 @@ class WorkerPool:
 
     def _lost(self, index: int, worker: _Worker) -> None:
         """A worker died on its own (crash, out of memory, killed from outside): replace it."""
+        worker.process.join(2)  # reap it, so that its exit code is known
         code = worker.process.exitcode
         self._stop(worker, f"worker process died (exit code {code})")
         self._failed_starts = 0 if worker.ready else self._failed_starts + 1

@@ -10,6 +10,7 @@ worker announces `("ready", pid)`, so the parent can tell a slow start from a sl
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import pickle
 import signal
@@ -20,11 +21,11 @@ _resolved: dict[str, Callable[..., Any]] = {}
 
 
 def resolve(spec: str) -> Callable[..., Any]:
-    """'package.module:function' -> the function (imported once per worker, then cached)."""
+    """'package.module:function' (or 'module:object.method') -> the callable, imported once per worker."""
     fn = _resolved.get(spec)
     if fn is None:
         module, _, name = spec.partition(":")
-        fn = getattr(importlib.import_module(module), name)
+        fn = functools.reduce(getattr, name.split("."), importlib.import_module(module))
         _resolved[spec] = fn
     return fn
 
