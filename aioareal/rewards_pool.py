@@ -1,59 +1,40 @@
 """Worker processes for verifier work that may never end, killed and replaced when it overruns.
 
 Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating
-`9^{9^{9}}`) stalls every other thread of the process, the event loop included, until it returns.
-A process can be killed. So anything that may run unbounded is handed over as a `Deferred`
-('module:function' plus arguments) and runs in a worker; the cheap numeric checks stay in-process.
+`9^{9^{9}}`) stalls every thread of the process, the event loop included. A process can be killed.
+So work that may run unbounded is handed over as a `Deferred` ('module:function' plus arguments)
+and runs in a worker; the cheap numeric checks stay in-process.
 
 Design, and what it costs:
-- Workers are spawned (not forked: the parent holds CUDA state and threads) and reused across jobs;
-  the entry point (`rewards_worker.serve`) imports only the standard library plus `preload`.
-- One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their
-  pipes and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On
-  expiry it kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement;
-  the replacement's start-up (about half a second with sympy) is not charged to any job.
+- Workers are spawned (`rewards_spawn`) and reused across jobs; they import only the standard
+  library, `preload`, and what their jobs name.
+- One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their pipes
+  and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On expiry it
+  kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement, whose start-up
+  (about half a second with sympy) is charged to no job. (`ProcessPoolExecutor` cannot do this:
+  killing one of its workers breaks the whole executor.)
 - A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has
   started or not (the reward service gives all jobs of one call the call's deadline).
-- `ProcessPoolExecutor` does not fit: killing one of its workers breaks the whole executor.
-- Workers end with the parent: the pool's `close` (also run at interpreter exit) kills them, and a
-  worker whose parent vanished sees its pipe close and exits.
+- Workers end with the parent: `close` (also run at interpreter exit) kills them, and a worker whose
+  parent vanished sees its pipe close and exits.
 """
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import threading
 import time
 import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from multiprocessing import spawn
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .rewards_worker import serve
+from .rewards_spawn import CONTEXT, start_worker
+from .rewards_worker import Deferred, Outcome, serve
 
-_CTX = multiprocessing.get_context("spawn")
+__all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
 MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the pool gives up
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """A check to run in a worker process: `fn` is 'package.module:function', called as fn(*args)."""
-    fn: str
-    args: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: str  # "ok", "timeout" or "error"
-    value: Any = None
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass
@@ -66,9 +47,8 @@ class _Job:
     started: float | None = None
 
     def expiry(self) -> float | None:
-        ends = [t for t in (self.deadline, None if self.started is None or self.timeout_s is None
-                            else self.started + self.timeout_s) if t is not None]
-        return min(ends) if ends else None
+        running = None if self.started is None or self.timeout_s is None else self.started + self.timeout_s
+        return min((t for t in (self.deadline, running) if t is not None), default=None)
 
 
 @dataclass
@@ -88,7 +68,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
         self._workers: list[_Worker] = []
-        self._wake_r, self._wake_w = _CTX.Pipe(duplex=False)
+        self._wake_r, self._wake_w = CONTEXT.Pipe(duplex=False)
         self._thread: threading.Thread | None = None
         self._closed, self._broken = False, ""
         self._failed_starts = 0
@@ -111,6 +91,16 @@ class WorkerPool:
                 self._thread.start()
         self._wake()
         return self
+
+    def want(self, size: int, preload: tuple[str, ...] = ()) -> None:
+        """Grow to `size` workers with `preload` imported: now if running, else when started."""
+        with self._lock:
+            started = self._thread is not None
+            if not started:
+                self.size = max(self.size, size)
+                self.preload += tuple(m for m in preload if m not in self.preload)
+        if started:
+            self.start(preload, size)
 
     def submit(self, fn: str, args: tuple[Any, ...] = (), timeout_s: float | None = None,
                deadline: float | None = None) -> Future:
@@ -266,16 +256,7 @@ class WorkerPool:
             _resolve(self._queue.popleft(), Outcome("error", message=message))
 
     def _spawn(self) -> _Worker:
-        parent, child = _CTX.Pipe()
-        process = _CTX.Process(target=serve, args=(child, self.preload), name="aioareal-reward", daemon=True)
-        _skip_main_module()
-        _without_main.on = True
-        try:
-            process.start()
-        finally:
-            _without_main.on = False
-        child.close()  # the child holds its end; closing ours lets a dead child read as EOF
-        return _Worker(process, parent)
+        return _Worker(*start_worker(self.preload))
 
     def _wake(self) -> None:
         with self._lock:
@@ -292,47 +273,19 @@ def _resolve(job: _Job, outcome: Outcome) -> None:
         pass
 
 
-# Spawn re-runs the parent's main script in every child (so functions defined there unpickle). A
-# worker needs none of it: it runs `rewards_worker.serve` and imports what its jobs name. Re-running
-# a user's script would import torch in each worker and, without an `if __name__ == "__main__"`
-# guard, start their training again. So, for our workers only (a thread-local flag around our own
-# `start`), the main-module entries are dropped from spawn's preparation data.
-_without_main = threading.local()
-
-
-def _skip_main_module() -> None:
-    if getattr(spawn.get_preparation_data, "_aioareal", False):
-        return
-    original = spawn.get_preparation_data
-
-    def preparation_data(name: str) -> dict[str, Any]:
-        data = original(name)
-        if getattr(_without_main, "on", False):
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    preparation_data._aioareal = True  # type: ignore[attr-defined]
-    spawn.get_preparation_data = preparation_data
-
-
 _POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
 _shared: WorkerPool | None = None
 _shared_lock = threading.Lock()
 
 
 def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
-    """The process-wide pool (grown to the largest `size` asked for); started on first use."""
+    """The process-wide pool, grown to the largest `size` and every `preload` asked for."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared._closed:
             _shared = WorkerPool(size, preload)
-        elif preload or size > _shared.size:
-            if _shared._thread is None:  # not started: just remember
-                _shared.size = max(_shared.size, size)
-                _shared.preload += tuple(m for m in preload if m not in _shared.preload)
-            else:
-                _shared.start(preload, size)
+        else:
+            _shared.want(size, preload)
         return _shared
 
 

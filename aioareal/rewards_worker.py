@@ -4,9 +4,10 @@ A spawned child starts a fresh interpreter and imports only what it is given to 
 imports nothing beyond the standard library (no torch, no transformers): a worker is up in a fraction
 of a second plus whatever its `preload` modules cost (math-verify's sympy: about half a second).
 
-Protocol, one message each way per job: the parent sends `(fn, args)`, the worker answers
-`("ok", value)` or `("error", "TypeName: first line of the message")`. Before its first job the
-worker announces `("ready", pid)`, so the parent can tell a slow start from a slow job.
+Protocol, one message each way per job: the parent sends `(fn, args)` (a `Deferred`), the worker
+answers `("ok", value)` or `("error", "TypeName: first line of the message")`, and the pool turns
+that (or a kill) into an `Outcome`. Before its first job a worker announces `("ready", None)`, so
+the parent can tell a slow start from a slow job. Both types live here: they are the protocol.
 """
 from __future__ import annotations
 
@@ -14,8 +15,28 @@ import functools
 import importlib
 import pickle
 import signal
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A check to run in a worker process: `fn` is 'package.module:function', called as fn(*args)."""
+    fn: str
+    args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "ok", "timeout" or "error"
+    value: Any = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
 
 _resolved: dict[str, Callable[..., Any]] = {}
 
