@@ -63,9 +63,9 @@ def _base_task(config: Config) -> Task:
 
 
 def _item_timeout(config: Config) -> float:
-    """reward.timeout_s bounds the scoring of a whole group, which checks its G completions one by
-    one; each math-verify call gets an equal share, so one slow answer cannot zero the group, but
-    at least a second (sympy's first calls are slow) unless the whole timeout is shorter."""
+    """The standalone checks' timeout (`task.score`, which evaluation calls outside the reward
+    service): a share of reward.timeout_s per completion, at least a second unless the whole timeout
+    is shorter. Training rewards need none: the service's deadline covers the whole group."""
     share = config.reward.timeout_s / config.algo.group_size
     return min(config.reward.timeout_s, max(share, 1.0))
 

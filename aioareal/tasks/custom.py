@@ -6,8 +6,9 @@ answer is `row[data.answer_field]`, and every column stays on the example for re
 The answer may be absent when reward functions are configured: they decide what is right.
 
 The default verifier (no reward functions): a numeric answer is compared with the completion's
-final answer as a number (`verify.math_equal`: "46", "the answer is 46.0" and "\\boxed{46}" all
-pass); any other answer must equal the whole completion up to surrounding and repeated whitespace.
+final answer as a number (`verify.grade`, the GSM8K grader: "46", "the answer is 46.0" and
+"\\boxed{46}" all pass); any other answer must equal the whole completion up to surrounding and
+repeated whitespace.
 """
 from __future__ import annotations
 

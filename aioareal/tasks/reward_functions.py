@@ -6,7 +6,8 @@ group): `completions` are the decoded completions (strings), `prompts` the examp
 every other column of the dataset rows comes as a list aligned with `completions`, so
 `def exact(completions, answer, **kwargs)` works as written for TRL. A function without `**kwargs`
 gets only the columns it names. `async def` functions are run to completion with `asyncio.run` in
-the reward service's worker thread (a fresh event loop per call), under the service's timeout.
+the reward service's worker thread (a fresh event loop per call), under the service's timeout;
+with `reward.isolation=process` the same happens in a worker process (`isolated`).
 
 The reward is the weighted sum over functions (`reward.weights`, default 1 each). As in TRL, an
 entry of None (or NaN) means "does not apply to this sample" and adds nothing. A function that
