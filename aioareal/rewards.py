@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .errors import UserError
 from .rewards_pool import Deferred, Outcome, WorkerPool, shared_pool
@@ -118,6 +118,8 @@ class RewardService:
         def work() -> None:
             try:
                 result = self.scorer([self.decode(c) for c in completions], examples)
+                if isinstance(result, Iterator):  # a generator: drain it here, not on the loop
+                    result = list(result)
             except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
                 result = Outcome("error", message=f"{type(e).__name__}: {e}")
             try:

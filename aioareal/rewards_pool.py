@@ -21,6 +21,7 @@ Design, and what it costs:
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 import weakref
@@ -63,14 +64,15 @@ class WorkerPool:
     """`size` spawned worker processes; thread-safe; nothing starts until `start` or the first job."""
 
     def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
-        self.size, self.preload = size, tuple(preload)
+        self.size, self.preload, self.pid = size, tuple(preload), os.getpid()
         self.restarts = 0  # workers killed (timeout) or lost (crash) and replaced
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
+        self._queue_deadline: float | None = None  # earliest deadline among queued jobs (or earlier)
         self._workers: list[_Worker] = []
         self._wake_r, self._wake_w = CONTEXT.Pipe(duplex=False)
         self._thread: threading.Thread | None = None
-        self._closed, self._broken = False, ""
+        self._closed, self._broken, self._woken = False, "", False
         self._failed_starts = 0
         _POOLS.add(self)
 
@@ -112,6 +114,8 @@ class WorkerPool:
                 _resolve(job, Outcome("error", message=self._broken or "worker pool closed"))
                 return job.future
             self._queue.append(job)
+            if deadline is not None:
+                self._queue_deadline = min(deadline, self._queue_deadline or deadline)
         self._wake()
         return job.future
 
@@ -169,21 +173,24 @@ class WorkerPool:
             self._expire(now)
             self._dispatch(now)
             conns = [self._wake_r] + [w.conn for w in self._workers]
-            expiries = [e for e in (j.expiry() for j in self._pending()) if e is not None]
-        timeout = max(0.0, min(expiries) - time.monotonic()) if expiries else None
+            running = (w.job.expiry() for w in self._workers if w.job is not None)
+            expiry = min((e for e in (*running, self._queue_deadline) if e is not None), default=None)
+        timeout = None if expiry is None else max(0.0, expiry - time.monotonic())
         ready = wait(conns, timeout)
         with self._lock:
             for conn in ready:
                 self._on_readable(conn)
         return True
 
-    def _pending(self) -> list[_Job]:
-        return list(self._queue) + [w.job for w in self._workers if w.job is not None]
-
     def _expire(self, now: float) -> None:
-        for job in [j for j in self._queue if j.deadline is not None and j.deadline <= now]:
-            self._queue.remove(job)
-            _resolve(job, Outcome("timeout", message="no worker became free before the deadline"))
+        # The queue is scanned only when its earliest deadline has passed, so each round costs
+        # O(workers), not O(queued jobs); _queue_deadline may be stale-early, never late.
+        if self._queue_deadline is not None and self._queue_deadline <= now:
+            expired = [j for j in self._queue if j.deadline is not None and j.deadline <= now]
+            self._queue = deque(j for j in self._queue if j.deadline is None or j.deadline > now)
+            self._queue_deadline = min((j.deadline for j in self._queue if j.deadline is not None), default=None)
+            for job in expired:
+                _resolve(job, Outcome("timeout", message="no worker became free before the deadline"))
         for i, worker in enumerate(self._workers):
             expiry = worker.job.expiry() if worker.job is not None else None
             if expiry is not None and expiry <= now:
@@ -210,6 +217,7 @@ class WorkerPool:
         if conn is self._wake_r:
             while self._wake_r.poll():
                 self._wake_r.recv_bytes()
+            self._woken = False
             return
         index = next((i for i, w in enumerate(self._workers) if w.conn is conn), None)
         if index is None:  # replaced since the wait began
@@ -259,8 +267,11 @@ class WorkerPool:
         return _Worker(*start_worker(self.preload))
 
     def _wake(self) -> None:
+        """Interrupt the dispatcher's wait. At most one wake-up is ever in the pipe: a full pipe
+        would block a submitter that holds the lock the dispatcher needs to drain it."""
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._thread is not None and self._thread.is_alive() and not self._woken:
+                self._woken = True
                 self._wake_w.send_bytes(b"!")
 
 
@@ -282,7 +293,7 @@ def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
     """The process-wide pool, grown to the largest `size` and every `preload` asked for."""
     global _shared
     with _shared_lock:
-        if _shared is None or _shared._closed:
+        if _shared is None or _shared._closed or _shared.pid != os.getpid():  # a forked child starts its own
             _shared = WorkerPool(size, preload)
         else:
             _shared.want(size, preload)

@@ -14,6 +14,7 @@ the deferred checks in the process-wide pool with a timeout of their own and cou
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 from fractions import Fraction
@@ -43,16 +44,22 @@ def grade(gold: str, completion: str) -> float | Deferred:
     `gold` is a bare answer ("18", "\\frac{3}{4}") or a solution ending in `#### N` / `\\boxed{N}`.
     Raises ValueError (numbers.NumberTooLong) for a number past Python's integer digit limit.
     """
-    gold_text = gold_answer(gold)
+    gold_text, g = _gold(gold)
     found = find_answer(completion)
     if not gold_text or found is None or found.conflict or found.reading.hedged:
         return 0.0
-    g, p = read_span(gold_text), found.reading
+    p = found.reading
     if g.value is not None and p.value is not None:
         return float(numbers_equal(g, p))
     if g.value is not None and not p.symbolic:
         return 0.0
     return Deferred(SYMBOLIC, (gold_text, found.text))
+
+
+@functools.lru_cache(maxsize=4096)  # a group's G completions share one gold
+def _gold(gold: str) -> tuple[str | None, Reading]:
+    text = gold_answer(gold)
+    return text, read_span(text) if text else Reading()
 
 
 def gold_answer(gold: str) -> str | None:
