@@ -76,13 +76,14 @@ class WorkerPool:
         self._failed_starts = 0
         _POOLS.add(self)
 
-    def start(self, preload: tuple[str, ...] = (), size: int | None = None) -> WorkerPool:
-        """Spawn the workers now (they warm up in the background); grow the pool or its preload list."""
+    def start(self, preload: tuple[str, ...] = (), size: int | None = None, spawn: bool = True) -> WorkerPool:
+        """Grow the pool (`size` workers, `preload` imported) and spawn the workers now, where they warm
+        up in the background; with spawn=False a pool that has not started only remembers."""
         with self._lock:
             added = tuple(m for m in preload if m not in self.preload)
             self.preload += added
             self.size = max(self.size, size or 0)
-            if self._closed:
+            if self._closed or (not spawn and self._thread is None):
                 return self
             for module in added:  # workers already running import it now rather than in a timed job
                 self._queue.extend(_Job(f"{serve.__module__}:warm", (module,), None, None) for _ in self._workers)
@@ -93,16 +94,6 @@ class WorkerPool:
                 self._thread.start()
         self._wake()
         return self
-
-    def want(self, size: int, preload: tuple[str, ...] = ()) -> None:
-        """Grow to `size` workers with `preload` imported: now if running, else when started."""
-        with self._lock:
-            started = self._thread is not None
-            if not started:
-                self.size = max(self.size, size)
-                self.preload += tuple(m for m in preload if m not in self.preload)
-        if started:
-            self.start(preload, size)
 
     def submit(self, fn: str, args: tuple[Any, ...] = (), timeout_s: float | None = None,
                deadline: float | None = None) -> Future:
@@ -296,7 +287,7 @@ def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
         if _shared is None or _shared._closed or _shared.pid != os.getpid():  # a forked child starts its own
             _shared = WorkerPool(size, preload)
         else:
-            _shared.want(size, preload)
+            _shared.start(preload, size, spawn=False)
         return _shared
 
 
