@@ -191,16 +191,15 @@ class WorkerPool:
 
     def _dispatch(self, now: float) -> None:
         for worker in self._workers:
-            if not self._queue:
-                return
-            if worker.ready and worker.job is None:
+            if not (worker.ready and worker.job is None):
+                continue
+            while self._queue and worker.job is None:
                 job = self._queue.popleft()
-                if not job.future.set_running_or_notify_cancel():  # its caller gave up waiting
-                    continue
-                job.started = now
-                worker.job = job
+                if job.future.set_running_or_notify_cancel():  # False: its caller gave up waiting
+                    job.started, worker.job = now, job
+            if worker.job is not None:
                 try:
-                    worker.conn.send((job.fn, job.args))
+                    worker.conn.send((worker.job.fn, worker.job.args))
                 except (OSError, ValueError):  # died while idle: its pipe is closed; _on_readable replaces it
                     pass
 
@@ -294,4 +293,5 @@ def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
 @atexit.register
 def _close_all() -> None:
     for pool in list(_POOLS):
-        pool.close()
+        if pool.pid == os.getpid():  # a forked child exiting must not kill its parent's workers
+            pool.close()

@@ -62,6 +62,13 @@ def test_a_crashed_worker_is_an_error_and_is_replaced(pool: WorkerPool) -> None:
     assert pool.run("operator:add", (2, 2), 5.0).value == 4
 
 
+def test_a_job_cancelled_while_queued_is_skipped(pool: WorkerPool) -> None:
+    running = [pool.submit("time:sleep", (0.3,), 5.0) for _ in range(2)]  # both workers busy
+    dropped, kept = pool.submit("operator:add", (1, 1), 5.0), pool.submit("operator:add", (2, 2), 5.0)
+    assert dropped.cancel()
+    assert kept.result(timeout=10).value == 4 and all(f.result(timeout=10).ok for f in running)
+
+
 def test_workers_import_neither_torch_nor_transformers(pool: WorkerPool) -> None:
     assert "torch" in sys.modules  # the parent has it (conftest)
     for module in ("torch", "transformers", "aioareal.rewards"):
