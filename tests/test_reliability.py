@@ -166,6 +166,8 @@ def test_reward_faults_score_zero_and_are_counted():
     assert results[1] == ([0.0] * 4, 4) and results[2] == ([0.0] * 4, 4)
     assert results[3] == ([0.0, 0.0, 0.0, 1.0], 3) and results[4] == ([0.0] * 4, 4)
     assert service.stats.timeouts == 1 and service.stats.failures == 15
+    # raise, wrong length: one failed check each; garbage: three bad entries
+    assert service.stats.metrics() == {"reward_timeouts": 1, "reward_errors": 5}
     service.close()
 
 
