@@ -12,7 +12,8 @@ JANET = ("Janet's ducks lay 16 eggs per day. She eats 3 for breakfast and uses 4
          "16 - 3 - 4 = 9 eggs are left. She sells each egg for $2, so she makes 9 \\times 2 = 18 dollars.\n\n")
 GOLD = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18"
 ROBE = "A robe takes 2 bolts of blue fiber and half that much white fiber, so 2 + 1 = 3 bolts.\n"
-SHOP = "The house cost 80,000 and repairs 50,000, so 130,000 in total; the value rose by 150%.\n"
+HOUSE = ("Josh paid $80,000 for the house and $50,000 for repairs, $130,000 in all. The value rose by 150%: "
+         "80,000 \\times 2.5 = 200,000.\n")
 
 CASES: list[tuple[str, str, str, float]] = [
     # --- the last \boxed{} -----------------------------------------------------------------------
@@ -26,7 +27,7 @@ CASES: list[tuple[str, str, str, float]] = [
     ("boxed", "18", "$$\\boxed{9 \\times 2 = 18}$$", 1.0),
     ("boxed", "18", "Please put your final answer within \\boxed{}.\n9 eggs at $2 is 18 dollars. The answer is 18.", 1.0),
     ("boxed", "18", "\\boxed{\\text{Janet makes } 18 \\text{ dollars a day}}", 1.0),
-    ("boxed", "18", JANET + "\\boxed{18}\n\nWait, let me double check: the answer is 20.", 1.0),
+    ("boxed", "18", "So the answer is 20. Wait, she also uses 4 for muffins: 9 \\times 2 = 18, so \\boxed{18}.", 1.0),
     ("boxed", "18", "\\fbox{18}", 1.0),
     ("boxed", "18", "**Final Answer**\n\\[ \\boxed{18} \\]", 1.0),
     ("boxed", "3", ROBE + "It takes a total of $\\boxed{3}$ bolts.", 1.0),
@@ -81,7 +82,8 @@ CASES: list[tuple[str, str, str, float]] = [
     ("last", "18", "She makes more than 18 dollars.", 0.0),
     ("last", "9", JANET.strip(), 0.0),
     ("last", "18", "Janet makes **$18** every day.", 1.0),
-    ("last", "260", SHOP + "So the house is now worth 130,000 × 2 = 260,000. Total profit: 260", 1.0),
+    ("last", "70000", HOUSE + "So he made a profit of 200,000 - 130,000 = $70,000.", 1.0),
+    ("last", "130000", HOUSE + "So he made a profit of 200,000 - 130,000 = $70,000.", 0.0),
     ("last", "18", "She ends up with 18 or 19 dollars.", 0.0),
     # --- thousands separators of every kind ----------------------------------------------------
     ("thousands", "1080", "\\boxed{1,080}", 1.0),
