@@ -2,7 +2,7 @@
 
 A call scores one group in two stages, both inside the call's deadline (`timeout_s` from its start):
 
-1. In-process, in a daemon thread: decode, then run the scorer. Bounded work finishes here (the
+1. In-process, in a daemon thread (`rewards_threads`, reused): decode, then run the scorer. Bounded work finishes here (the
    GSM8K fast path: linear-time answer finding, exact fractions), and so do users' reward
    functions under `reward.isolation=thread`. Python cannot kill a thread: a call that overruns is
    abandoned (`stats.hung`) without holding one of the `workers` slots, and MAX_HUNG of them end
@@ -24,11 +24,13 @@ import asyncio
 import math
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from .errors import UserError
 from .rewards_pool import Deferred, Outcome, WorkerPool, shared_pool
+from .rewards_threads import DaemonThreads
 
 MAX_HUNG = 64  # stage-1 threads still running after their timeout, beyond which the run stops
 GRACE_S = 2.0  # how long past the deadline to wait for the pool to report a kill (it never should)
@@ -60,7 +62,8 @@ class RewardService:
         self._lock = threading.Lock()
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the running loop
         self._slots_loop: asyncio.AbstractEventLoop | None = None
-        self._abandoned: list[threading.Thread] = []
+        self._threads = DaemonThreads("reward")
+        self._abandoned: list[Future] = []  # timed-out stage-1 calls, until their threads return
         preload = getattr(scorer, "worker_preload", None)
         if preload is not None:  # this scorer defers work: start the workers now, off the first call's clock
             self.pool.start(tuple(preload), workers)
@@ -98,44 +101,41 @@ class RewardService:
 
     async def _in_process(self, completions: list[list[int]], examples: list[Any]) -> Any:
         """The scorer's result, or an Outcome when it timed out or raised."""
-        future, thread = self._start(completions, examples)
-        try:
-            return await asyncio.wait_for(future, self.timeout_s)
-        except asyncio.TimeoutError:
-            with self._lock:
-                self._abandoned = [t for t in self._abandoned if t.is_alive()] + [thread]
-                self.stats.hung = len(self._abandoned)
-            return Outcome("timeout", message=f"scorer still running after {self.timeout_s}s")
-
-    def _start(self, completions: list[list[int]], examples: list[Any]) -> tuple[asyncio.Future[Any], threading.Thread]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        result: asyncio.Future[Any] = loop.create_future()
 
-        def deliver(result: Any) -> None:
-            if not future.done():  # a timed-out call's late result is dropped
-                future.set_result(result)
+        def deliver(value: Any) -> None:
+            if not result.done():  # a timed-out call's late result is dropped
+                result.set_result(value)
 
         def work() -> None:
+            value = self._run_scorer(completions, examples)
             try:
-                result = self.scorer([self.decode(c) for c in completions], examples)
-                if isinstance(result, Iterator):  # a generator: drain it here, not on the loop
-                    result = list(result)
-            except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
-                result = Outcome("error", message=f"{type(e).__name__}: {e}")
-            try:
-                loop.call_soon_threadsafe(deliver, result)
+                loop.call_soon_threadsafe(deliver, value)
             except RuntimeError:  # the loop closed while a hung verifier ran: nobody waits any more
                 pass
 
-        thread = threading.Thread(target=work, name="reward", daemon=True)
-        thread.start()
-        return future, thread
+        running = self._threads.submit(work)
+        try:
+            return await asyncio.wait_for(result, self.timeout_s)
+        except asyncio.TimeoutError:
+            with self._lock:
+                self._abandoned = [f for f in self._abandoned if not f.done()] + [running]
+                self.stats.hung = len(self._abandoned)
+            return Outcome("timeout", message=f"scorer still running after {self.timeout_s}s")
+
+    def _run_scorer(self, completions: list[list[int]], examples: list[Any]) -> Any:
+        try:
+            value = self.scorer([self.decode(c) for c in completions], examples)
+            return list(value) if isinstance(value, Iterator) else value  # drain a generator here, not on the loop
+        except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
+            return Outcome("error", message=f"{type(e).__name__}: {e}")
 
     def _check_hung(self) -> None:
         """Occasional hangs score 0 and the run goes on; a verifier that hangs for good would pile
         up threads (each competing for the GIL) while every reward reads 0, so that ends the run."""
         with self._lock:
-            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            self._abandoned = [f for f in self._abandoned if not f.done()]
             self.stats.hung = len(self._abandoned)
         if self.stats.hung >= MAX_HUNG:
             raise UserError(f"{self.stats.hung} reward verifier calls are still running long after reward.timeout_s="
