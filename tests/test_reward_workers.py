@@ -175,7 +175,7 @@ def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures == json.loads(out.read_text().splitlines()[-1]) and figures["bench"] == "reward"
     assert figures["completions"] == 64 and figures["cases"] >= 150
-    for key in ("single_cps", "pool_cps", "service_cps"):
+    for key in ("single_cps", "pool_cps", "service_cps", "single_cpu_cps"):
         assert figures[key] > 0, key
     assert figures["agree_ours"] == 1.0
     assert max(figures[f"agree_{b}"] for b in ("math_verify", "strict_regex", "flexible_regex")) < 1.0

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2, help="reward worker processes (default 2)")
     p.add_argument("--chunk", type=int, default=250, help="completions per worker job when sharding (default 250)")
     p.add_argument("--group-size", type=int, default=8, help="completions per reward-service call (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats after one warm-up; median (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds after one warm-up round; median (default 5)")
     p.add_argument("--agreement", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure agreement on the grading cases (default on)")
 
@@ -47,16 +47,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if not pool.wait_ready(120):
             raise UserError("reward worker processes did not start (see the errors above)")
-        timings = {name: _median_seconds(fn, args.repeats) for name, fn in (
-            ("single", lambda: _single(golds, texts)),
-            ("pool", lambda: _sharded(pool, golds, texts, args.chunk)),
-            ("service", lambda: _service(pool, golds, texts, args.group_size, args.workers)))}
+        timings, cpu = _alternate({
+            "single": lambda: _single(golds, texts),
+            "pool": lambda: _sharded(pool, golds, texts, args.chunk),
+            "service": lambda: _service(pool, golds, texts, args.group_size, args.workers)}, args.repeats)
     finally:
         pool.close()
     n = len(texts)
     result: dict[str, Any] = {"bench": "reward", "completions": n, "mean_chars": round(sum(map(len, texts)) / n),
                               "workers": args.workers, "cores": _cores(),
                               **{f"{k}_cps": round(n / s, 1) for k, s in timings.items()},
+                              "single_cpu_cps": round(n / cpu, 1),
                               "pool_vs_single": round(timings["single"] / timings["pool"], 2)}
     if args.agreement:
         result.update(agreement())
@@ -134,14 +135,21 @@ def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers:
         raise UserError(f"{service.stats.failures} completions failed to grade in the benchmark")
 
 
-def _median_seconds(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up: imports, caches, the first symbolic checks
-    times = []
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return median(times)
+def _alternate(runs: dict[str, Callable[[], None]], repeats: int) -> tuple[dict[str, float], float]:
+    """Median wall seconds of each contender, run in turns (a, b, c, a, b, c, ...) after one warm-up
+    round so that a busy machine's drifts hit all alike; and the single-process run's median CPU
+    seconds (what one uncontended core would take)."""
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: list[float] = []
+    for round_ in range(1 + max(1, repeats)):
+        for name, fn in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            if round_:
+                wall[name].append(time.perf_counter() - start)
+                if name == "single":
+                    cpu.append(time.process_time() - start_cpu)
+    return {name: median(times) for name, times in wall.items()}, median(cpu)
 
 
 def _rows(path: str | None) -> list[dict[str, str]]:
