@@ -1,4 +1,4 @@
-"""The GSM8K grader against a careful human grader: 178 written cases (`tasks.grading_cases`), the
+"""The GSM8K grader against a careful human grader: 179 written cases (`tasks.grading_cases`), the
 reading of numbers piece by piece, the public TRL-style reward, and extraction that stays linear in
 the length of the completion."""
 from __future__ import annotations
