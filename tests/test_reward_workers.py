@@ -133,10 +133,13 @@ def test_pathological_completions_return_in_time_while_the_loop_ticks(pool: Work
         return results, max(gaps)
 
     results, worst_gap = asyncio.run(go())
+    durations = {name: round(seconds, 2) for name, (seconds, _) in zip(_pathological(), results)}
     for name, (seconds, (scores, bad)) in zip(_pathological(), results):
-        assert seconds < 2 * timeout, name
+        assert seconds < 2 * timeout, durations
         assert scores == [0.0, 1.0], name  # the group's good completion still counts
-    assert worst_gap < 0.5  # the event loop kept ticking throughout
+    # The event loop kept ticking (a sympy call in-process would freeze it for the whole timeout and
+    # more); the bound leaves room for a machine whose 2 cores are shared with other jobs.
+    assert worst_gap < timeout / 2, (worst_gap, durations)
     s = service.stats
     assert s.timeouts >= 1 and s.errors >= 1 and s.failures == s.timeouts + s.errors
     assert s.metrics() == {"reward_timeouts": s.timeouts, "reward_errors": s.errors}
