@@ -1,120 +1,196 @@
-"""The reward service: verifiers run in worker threads with a timeout, never on the event loop.
+"""The reward service: verifiers run off the event loop under one timeout, and every failure is counted.
 
-A verifier that raises, hangs past the timeout, or returns something that is not a finite number
-scores 0 and is counted; the run goes on. Python cannot kill a thread, so each call runs in its own
-daemon thread: a hung verifier is abandoned (and counted in `stats.hung`) without holding one of
-the `workers` slots, so hung calls never starve later ones, and it cannot block the process exit
-the way a ThreadPoolExecutor's joined workers would.
+A call scores one group in two stages, both inside the call's deadline (`timeout_s` from its start):
+
+1. In-process, in a daemon thread (`rewards_threads`, reused): decode, then run the scorer. Bounded work finishes here (the
+   GSM8K fast path: linear-time answer finding, exact fractions), and so do users' reward
+   functions under `reward.isolation=thread`. Python cannot kill a thread: a call that overruns is
+   abandoned (`stats.hung`) without holding one of the `workers` slots, and MAX_HUNG of them end
+   the run rather than pile up threads that compete for the GIL.
+2. In worker processes (`rewards_pool`): what the scorer handed back as a `Deferred` (math-verify,
+   or users' functions under `reward.isolation=process`). The pool kills and replaces a worker
+   whose job still runs at the deadline, so a sympy call that never returns costs one timeout.
+
+What a scorer may return is described in `tasks.scoring` (numbers, Deferreds, Exceptions; or one
+Deferred for the group). A completion whose check timed out, raised, or gave something that is not
+a finite number scores 0 and is counted: `stats.timeouts` (checks stopped by the deadline: a whole
+call in stage 1, one job in stage 2), `stats.errors` (checks that raised or returned garbage,
+numbers past Python's digit limit included), `stats.failures` (completions scored 0 by either, what
+`score` returns as its second value). `stats.metrics()` is the part a metrics row takes.
 """
 from __future__ import annotations
 
 import asyncio
 import math
 import threading
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .errors import UserError
-from .tasks.base import Example
+from .rewards_pool import Deferred, Outcome, WorkerPool, shared_pool
+from .rewards_threads import DaemonThreads
 
-# Verifier threads still running after their timeout, beyond which the run stops (see _check_hung).
-MAX_HUNG = 64
+MAX_HUNG = 64  # stage-1 threads still running after their timeout, beyond which the run stops
+GRACE_S = 2.0  # how long past the deadline to wait for the pool to report a kill (it never should)
 
-# completions (texts), examples (one per completion) -> one score per completion
-BatchScorer = Callable[[list[str], list[Example]], Sequence[float]]
-
-
-def per_item(score: Callable[[str, Example], float]) -> BatchScorer:
-    """Adapt a task's one-completion `score` to the batch form."""
-    return lambda texts, examples: [score(t, e) for t, e in zip(texts, examples)]
+# completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
+BatchScorer = Callable[[list[str], list[Any]], Any]
 
 
 @dataclass
 class RewardStats:
     calls: int = 0
-    failures: int = 0  # raised or returned garbage
-    timeouts: int = 0
-    hung: int = 0  # timed-out calls whose threads were still running when last checked
+    failures: int = 0  # completions scored 0 because their check timed out or failed
+    timeouts: int = 0  # checks stopped by the deadline
+    errors: int = 0  # checks that raised or returned something that is not a finite number
+    hung: int = 0  # timed-out stage-1 threads still running when last checked
+    deferred: int = 0  # checks run in worker processes
+
+    def metrics(self) -> dict[str, int]:
+        """Cumulative counters for the metrics row."""
+        return {"reward_timeouts": self.timeouts, "reward_errors": self.errors}
 
 
 class RewardService:
     def __init__(self, scorer: BatchScorer, decode: Callable[[list[int]], str], workers: int = 4,
-                 timeout_s: float = 10.0) -> None:
-        self.scorer, self.decode, self.timeout_s = scorer, decode, timeout_s
-        self.workers = workers
+                 timeout_s: float = 10.0, pool: WorkerPool | None = None) -> None:
+        self.scorer, self.decode, self.timeout_s, self.workers = scorer, decode, timeout_s, workers
         self.stats = RewardStats()
+        self._pool = pool  # None: the process-wide pool, grown to `workers`, on the first Deferred
         self._lock = threading.Lock()
         self._slots: asyncio.Semaphore | None = None  # made on first use, inside the running loop
         self._slots_loop: asyncio.AbstractEventLoop | None = None
-        self._abandoned: list[threading.Thread] = []
+        self._threads = DaemonThreads("reward")
+        self._abandoned: list[Future] = []  # timed-out stage-1 calls, until their threads return
+        preload = getattr(scorer, "worker_preload", None)
+        if preload is not None:  # this scorer defers work: start the workers now, off the first call's clock
+            self.pool.start(tuple(preload), workers)
 
-    def _score_sync(self, completions: list[list[int]], examples: list[Example]) -> tuple[list[float], int]:
-        try:
-            texts = [self.decode(c) for c in completions]
-            raw = list(self.scorer(texts, examples))
-        except Exception:  # a verifier (or detokenizer) bug must not end a long run: score 0, count it
-            return [0.0] * len(completions), len(completions)
-        if len(raw) != len(texts):
-            return [0.0] * len(texts), len(texts)
-        scores, bad = [], 0
-        for x in raw:
-            ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            scores.append(float(x) if ok else 0.0)
-            bad += not ok
-        return scores, bad
+    @property
+    def pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = shared_pool(self.workers)
+        return self._pool
 
-    async def score(self, completions: list[list[int]], examples: list[Example]) -> tuple[list[float], int]:
-        """Scores for a group's completions and the number of failed verifications among them."""
+    async def score(self, completions: list[list[int]], examples: Sequence[Any]) -> tuple[list[float], int]:
+        """Scores for a group's completions and the number of them whose check failed (scored 0)."""
+        async with self._slot():  # at most `workers` stage-1 threads; a hung one gives its slot back
+            self._check_hung()
+            deadline = time.monotonic() + self.timeout_s
+            staged = await self._in_process(completions, list(examples))
+        if isinstance(staged, Outcome):  # the whole call failed in stage 1
+            return self._failed_call(staged, len(completions))
+        entries = await self._run_deferred(staged, len(completions), deadline)
+        if isinstance(entries, Outcome):
+            return self._failed_call(entries, len(completions))
+        return self._tally(entries)
+
+    def close(self) -> None:
+        """Nothing to shut down here: stage-1 threads are daemons; worker pools end at interpreter exit
+        (`rewards_pool`), or with the `close` of whoever made them."""
+
+    # --- stage 1: in-process ----------------------------------------------------------------------
+
+    def _slot(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots_loop is not loop:
             self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
-        async with self._slots:  # at most `workers` verifiers run at once; a hung one gives its slot back
-            self._check_hung()
-            future, thread = self._start(completions, examples)
+        return self._slots
+
+    async def _in_process(self, completions: list[list[int]], examples: list[Any]) -> Any:
+        """The scorer's result, or an Outcome when it timed out or raised."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(value: Any) -> None:
+            if not result.done():  # a timed-out call's late result is dropped
+                result.set_result(value)
+
+        def work() -> None:
+            value = self._run_scorer(completions, examples)
             try:
-                scores, bad = await asyncio.wait_for(future, self.timeout_s)
-            except asyncio.TimeoutError:
-                with self._lock:
-                    self._abandoned = [t for t in self._abandoned if t.is_alive()] + [thread]
-                    self.stats.calls += 1
-                    self.stats.timeouts += 1
-                    self.stats.failures += len(completions)
-                    self.stats.hung = len(self._abandoned)
-                return [0.0] * len(completions), len(completions)
-        with self._lock:
-            self.stats.calls += 1
-            self.stats.failures += bad
-        return scores, bad
+                loop.call_soon_threadsafe(deliver, value)
+            except RuntimeError:  # the loop closed while a hung verifier ran: nobody waits any more
+                pass
+
+        running = self._threads.submit(work)
+        try:
+            return await asyncio.wait_for(result, self.timeout_s)
+        except asyncio.TimeoutError:
+            with self._lock:
+                self._abandoned = [f for f in self._abandoned if not f.done()] + [running]
+                self.stats.hung = len(self._abandoned)
+            return Outcome("timeout", message=f"scorer still running after {self.timeout_s}s")
+
+    def _run_scorer(self, completions: list[list[int]], examples: list[Any]) -> Any:
+        try:
+            value = self.scorer([self.decode(c) for c in completions], examples)
+            return list(value) if isinstance(value, Iterator) else value  # drain a generator here, not on the loop
+        except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
+            return Outcome("error", message=f"{type(e).__name__}: {e}")
 
     def _check_hung(self) -> None:
         """Occasional hangs score 0 and the run goes on; a verifier that hangs for good would pile
         up threads (each competing for the GIL) while every reward reads 0, so that ends the run."""
         with self._lock:
-            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            self._abandoned = [f for f in self._abandoned if not f.done()]
             self.stats.hung = len(self._abandoned)
         if self.stats.hung >= MAX_HUNG:
             raise UserError(f"{self.stats.hung} reward verifier calls are still running long after reward.timeout_s="
-                            f"{self.timeout_s}s: the verifier hangs; fix it or raise the timeout")
+                            f"{self.timeout_s}s: the verifier hangs; fix it, raise the timeout, or set "
+                            f"reward.isolation=process so that hung calls can be killed")
 
-    def _start(self, completions: list[list[int]],
-               examples: list[Example]) -> tuple[asyncio.Future[Any], threading.Thread]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+    # --- stage 2: worker processes ----------------------------------------------------------------
 
-        def deliver(result: tuple[list[float], int]) -> None:
-            if not future.done():  # a timed-out call's late result is dropped
-                future.set_result(result)
+    async def _run_deferred(self, staged: Any, n: int, deadline: float) -> list[Any] | Outcome:
+        """One entry per completion, each a value or a failed Outcome; an Outcome if the batch failed."""
+        if isinstance(staged, Deferred):  # the whole group's scores from one worker call
+            outcome = await self._run(staged, deadline)
+            if not outcome.ok:
+                return outcome
+            staged = outcome.value
+        if isinstance(staged, (str, bytes, dict)) or not hasattr(staged, "__len__") or len(staged) != n:
+            return Outcome("error", message=f"the scorer returned {type(staged).__name__}, not {n} scores")
+        entries = list(staged)
+        jobs = {i: e for i, e in enumerate(entries) if isinstance(e, Deferred)}
+        if jobs:
+            outcomes = await asyncio.gather(*(self._run(d, deadline) for d in jobs.values()))
+            for i, outcome in zip(jobs, outcomes):
+                entries[i] = outcome.value if outcome.ok else outcome
+        return entries
 
-        def work() -> None:
-            result = self._score_sync(completions, examples)
-            try:
-                loop.call_soon_threadsafe(deliver, result)
-            except RuntimeError:  # the loop closed while a hung verifier ran: nobody waits any more
-                pass
+    async def _run(self, job: Deferred, deadline: float) -> Outcome:
+        self.stats.deferred += 1
+        future = self.pool.submit(job.fn, job.args, deadline=deadline)
+        try:  # the pool resolves every job by its deadline; the grace only guards against a pool bug
+            return await asyncio.wait_for(asyncio.wrap_future(future), deadline - time.monotonic() + GRACE_S)
+        except asyncio.TimeoutError:
+            return Outcome("timeout", message="the worker pool did not answer")
 
-        thread = threading.Thread(target=work, name="reward", daemon=True)
-        thread.start()
-        return future, thread
+    # --- counting ----------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Nothing to shut down: verifier threads are daemons and end with their call."""
+    def _failed_call(self, outcome: Outcome, n: int) -> tuple[list[float], int]:
+        self.stats.calls += 1
+        self._count(outcome.status)
+        self.stats.failures += n
+        return [0.0] * n, n
+
+    def _tally(self, entries: list[Any]) -> tuple[list[float], int]:
+        scores, bad = [], 0
+        for x in entries:
+            ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            scores.append(float(x) if ok else 0.0)
+            if not ok:
+                bad += 1
+                self._count(x.status if isinstance(x, Outcome) else "error")
+        self.stats.calls += 1
+        self.stats.failures += bad
+        return scores, bad
+
+    def _count(self, status: str) -> None:
+        if status == "timeout":
+            self.stats.timeouts += 1
+        else:
+            self.stats.errors += 1

@@ -117,7 +117,8 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups)
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score,
-                                build_hooks(parts, printer), resume=parts.resume)
+                                build_hooks(parts, printer), resume=parts.resume,
+                                score_counters=parts.rewards.stats.metrics)
     install_stop_signals(orchestrator)
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:

@@ -166,6 +166,8 @@ def test_reward_faults_score_zero_and_are_counted():
     assert results[1] == ([0.0] * 4, 4) and results[2] == ([0.0] * 4, 4)
     assert results[3] == ([0.0, 0.0, 0.0, 1.0], 3) and results[4] == ([0.0] * 4, 4)
     assert service.stats.timeouts == 1 and service.stats.failures == 15
+    # raise, wrong length: one failed check each; garbage: three bad entries
+    assert service.stats.metrics() == {"reward_timeouts": 1, "reward_errors": 5}
     service.close()
 
 
@@ -182,6 +184,7 @@ def test_a_run_goes_on_through_failing_rewards(tmp_path, monkeypatch):
     train(config, **QUIET)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 6 and rows[-1]["reward_failures"] > 0
+    assert rows[-1]["reward_errors"] > 0 and rows[-1]["reward_timeouts"] == 0  # the service's counts reach the row
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path, tiny_model_path):

@@ -15,7 +15,8 @@ import importlib
 
 BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
            "train": "train tokens/s and peak memory: chunked vs naive log-probs, packed vs padded",
-           "e2e": "samples/s and s/step of sync, one-step and async on one model"}
+           "e2e": "samples/s and s/step of sync, one-step and async on one model",
+           "reward": "GSM8K reward completions/s (one process, worker pool, service) and grader agreement"}
 
 
 def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
@@ -33,7 +34,7 @@ def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aioareal bench", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="bench", required=True, metavar="{gen,train,e2e}")
+    sub = p.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(BENCHES) + "}")
     for name, help_text in BENCHES.items():
         module = importlib.import_module(f".{name}", __name__)
         sp = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])

@@ -83,8 +83,13 @@ class RewardConfig:
     functions: list[str] = doc("reward functions by import path, 'pkg.mod:fn' or 'path/file.py:fn', TRL's signature "
                                "fn(completions, **columns) -> list[float] (empty = the task's verifier)", [])
     weights: list[float] = doc("weight per reward function (default 1 each)", [])
-    workers: int = doc("reward executor threads", 4)
-    timeout_s: float = doc("per-batch verifier timeout; a timeout scores 0 and is counted", 10.0)
+    workers: int = doc("groups scored at once, and reward worker processes (math-verify; reward.functions with "
+                       "isolation=process)", 4)
+    timeout_s: float = doc("time limit for scoring one group; a check still running then scores 0 and is counted "
+                           "(reward_timeouts; a worker process is killed and replaced)", 10.0)
+    isolation: Literal["thread", "process"] = doc("where reward.functions run: thread (nothing needs to pickle; a hung call can only be "
+                         "abandoned) or process (spawned workers, killed on timeout; functions and columns must "
+                         "pickle)", "thread")
 
     def __post_init__(self) -> None:
         check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")

@@ -51,9 +51,12 @@ class Hooks(Protocol):
 
 class Orchestrator:
     def __init__(self, schedule: Schedule, gen: GenerationWorker, train: TrainingWorker, prompts: PromptSource,
-                 score: GroupScorer, hooks: Hooks, resume: RunState | None = None) -> None:
-        """`resume`: the checkpoint's counters a resumed run continues from."""
+                 score: GroupScorer, hooks: Hooks, resume: RunState | None = None,
+                 score_counters: Callable[[], dict[str, int]] = dict) -> None:
+        """`resume`: the checkpoint's counters a resumed run continues from; `score_counters`: the
+        scorer's own running counts for each row (the reward service's `reward_timeouts`, ...)."""
         self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
+        self.score_counters = score_counters
         self.start_version = resume.step if resume else 0
         self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
         self.admission.restore(self.start_version)  # DESIGN rule 1: counters follow from the version
@@ -275,4 +278,4 @@ class Orchestrator:
                 "groups_admitted": self.ledger.admitted, "groups_trained": self.ledger.trained,
                 "groups_dropped_stale": self.ledger.dropped_stale, "groups_rejected": self.ledger.rejected,
                 "groups_in_flight": self.ledger.in_flight, "groups_ready": self.buffer.ready(),
-                "reward_failures": self.reward_failures}
+                "reward_failures": self.reward_failures, **self.score_counters()}

@@ -68,7 +68,7 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
         # Busy time can exceed the wall time by the clocks' granularity: clamp the idle share at 0.
         "gen_idle_frac": max(0.0, 1.0 - _ratio(gen_busy, wall)),
         "train_idle_frac": max(0.0, 1.0 - _ratio(train_busy, wall)),
-        **{k: v for k, v in counters.items() if k.startswith("groups_") or k == "reward_failures"},
+        **{k: v for k, v in counters.items() if k.startswith(("groups_", "reward_"))},
         **metrics,
         **{f"time_gen_{phase}": now.gen_phases.get(phase, 0.0) - before.gen_phases.get(phase, 0.0)
            for phase in now.gen_phases},

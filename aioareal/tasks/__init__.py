@@ -2,20 +2,18 @@
 
 Every task, built-in or not, goes through one path: `build_task` makes it from the config and, when
 `reward.functions` are configured, wraps it so those functions score training and evaluation alike;
-`build_scorer` gives the reward service the batch form of that score.
+`build_scorer` gives the reward service the batch form of that score (`scoring`): a task's
+`grade` when it has one (its symbolic checks then run in the service's worker processes), else its
+`score`; with `reward.isolation=process` the reward functions themselves run in those workers.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from ..config import Config
 from ..errors import ConfigError
 from .arithmetic import ArithmeticTask
 from .base import Example, PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions
-
-if TYPE_CHECKING:
-    from ..rewards import BatchScorer
+from .scoring import BatchScorer, GradedScorer, per_item
 
 BUILTIN = ("arithmetic", "gsm8k", "file", "hub")
 
@@ -28,14 +26,22 @@ def build_task(config: Config) -> Task:
     return RewardedTask(task, rewards)
 
 
-def build_scorer(config: Config, task: Task) -> "BatchScorer":
-    """The reward service's scorer: the configured reward functions in batch form, else the task's score."""
-    from ..rewards import per_item  # here, not above: rewards imports tasks.base
+def build_scorer(config: Config, task: Task) -> BatchScorer:
+    """The reward service's scorer: the configured reward functions in batch form, else the task's verdict."""
+    r = config.reward
+    if r.functions and r.isolation == "process":
+        from .isolated import ProcessRewards
 
+        return ProcessRewards(r.functions, r.weights)
     if isinstance(task, RewardedTask):
         return task.rewards
-    if config.reward.functions:  # a task built by hand rather than by build_task
-        return WeightedRewards(load_reward_functions(config.reward.functions), config.reward.weights)
+    if r.functions:  # a task built by hand rather than by build_task
+        return WeightedRewards(load_reward_functions(r.functions), r.weights)
+    grade = getattr(task, "grade", None)
+    if grade is not None:
+        from .verify import SYMBOLIC_MODULE
+
+        return GradedScorer(grade, (SYMBOLIC_MODULE,))
     return per_item(task.score)
 
 
@@ -57,9 +63,9 @@ def _base_task(config: Config) -> Task:
 
 
 def _item_timeout(config: Config) -> float:
-    """reward.timeout_s bounds the scoring of a whole group, which checks its G completions one by
-    one; each math-verify call gets an equal share, so one slow answer cannot zero the group, but
-    at least a second (sympy's first calls are slow) unless the whole timeout is shorter."""
+    """The standalone checks' timeout (`task.score`, which evaluation calls outside the reward
+    service): a share of reward.timeout_s per completion, at least a second unless the whole timeout
+    is shorter. Training rewards need none: the service's deadline covers the whole group."""
     share = config.reward.timeout_s / config.algo.group_size
     return min(config.reward.timeout_s, max(share, 1.0))
 

@@ -1,110 +1,153 @@
-"""Final-answer extraction and number normalisation for math completions and GSM8K gold solutions.
+"""Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it.
 
-`extract_answer` finds the answer a text commits to, in order of how explicit the commitment is:
-the last `\\boxed{...}`, the text after the last `####` (GSM8K's gold format), an "the answer is X" /
-"answer: X" phrase, and finally the last number in the text. `normalize_number` turns an answer
-into a canonical number string ("$1,234.50" -> "1234.5") or None when it is not a plain number,
-so that most comparisons are decided without a symbolic verifier.
+In order of how explicit the commitment is:
+1. the last `\\boxed{}` (`\\fbox{}`); boxes that disagree with each other mark the answer as a
+   conflict (two different boxed answers are no answer);
+2. a `####` marker followed by a number, GSM8K's gold format (`#### Step 2: Revenue`, `#### Final
+   Answer` and `#### 1. Eggs` are markdown headings, not answers);
+3. the last "the answer is ..." / "answer: ..." phrase that is not negated ("the answer is not simply
+   16; ... so she makes 18" reads 18), up to the end of its sentence (or the next line when the
+   phrase ends its line);
+4. the last number of the final sentence that has one.
+What the answer says is then read by `numbers.read_span` / `numbers.read_last` (hedges, units,
+thousands separators, scale words). Every step is linear in the length of the text: the box scan is
+one pass over the braces, markers and phrases are found by scans that never revisit characters.
 """
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass
 
-# A number as written in prose: thousands groups (1,234,567) or plain digits, optional decimals.
-_NUMBER = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-_LAST_NUMBER = re.compile(rf"(?:(?<![\w)])-)?{_NUMBER}(?:\s*/\s*\d+)?")  # "10-3": 3, not -3
-_PHRASE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)[\s:*]*(.+)", re.IGNORECASE)
-_NUMBER_THEN_PROSE = re.compile(rf"(\$?\s*-?{_NUMBER}(?:\s*/\s*\d+)?%?)\s+[A-Za-z]")
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# The canonical forms normalize_number accepts after LaTeX clean-up: sign, number or a/b, then units.
-# A unit is %, or a word after the number ("5 m", "7 apples", "5cm", "5m"), except that letters stuck
-# to the number starting with x, y or z, or "pi", are algebra ("5x", "2xy", "3pi"), not a unit.
-_PLAIN = re.compile(rf"([+-]?)\s*({_NUMBER}|\d+\s*/\s*\d+)(?:\s*%|\s+[A-Za-z][A-Za-z'/. -]*|(?![xyzXYZ]|pi\b)[A-Za-z][A-Za-z'/. -]*)?\.?")
-_LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
-_LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
-_LATEX_SYMBOLS = (("{,}", ","), ("\\$", ""), ("$", ""), ("\\%", "%"), ("\\!", ""), ("\\,", ""), ("\\;", ""))
+from .numbers import Reading, canonical, leading, read_last, read_span
+from .latex import clean
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
+_PHRASE = re.compile(r"\b(?:final\s+answer|answer)\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])"
+                     r"\**", re.IGNORECASE)
+_NEGATED = re.compile(r"\s*\**\s*(?:(?:definitely|certainly|clearly|actually)\s+)?(?:not|never|no\s+longer|n't)\b",
+                      re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+_HEADING = re.compile(r"[\s*$]*-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid per day"
+_MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d")
+_BREAKS = (". ", ".\n", "! ", "? ", "\n")
+_SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
+
+
+@dataclass(frozen=True)
+class Found:
+    text: str  # the answer as written: box contents, marker line, the phrase's number or formula
+    reading: Reading
+    source: str  # "boxed", "hashes", "phrase" or "last"
+    conflict: bool = False  # boxed answers that disagree
+
+
+def find_answer(text: str) -> Found | None:
+    """The answer `text` commits to, or None when it commits to none."""
+    text = text.replace("\u2212", "-")
+    for find in (_boxed, _hashes, _phrase, _last_sentence):
+        found = find(text)
+        if found is not None:
+            return found
+    return None
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer a completion (or a GSM8K gold solution) commits to, or None if it has none."""
-    text = text.replace("\u2212", "-")  # unicode minus
-    for extract in (_last_boxed, _after_hashes, _answer_phrase, _last_number):
-        answer = extract(text)
-        if answer and extract in (_after_hashes, _answer_phrase) and _is_prose(answer):
-            # "#### The answer is 18", "answer: first add 3 and 4 to get 7": a sentence, not an
-            # answer; take the answer phrase inside it, else the sentence's last number.
-            inner = _answer_phrase(answer)
-            answer = inner if inner and not _is_prose(inner) else _last_number(answer)
-        if answer:
-            return answer
-    return None
-
-
-def _is_prose(answer: str) -> bool:
-    """Starts with a word and runs three words or more, and is no number with units ("7 apples")."""
-    return bool(re.match(r"[A-Za-z]{2,}", answer)) and len(answer.split()) >= 3 and normalize_number(answer) is None
-
-
-def _last_boxed(text: str) -> str | None:
-    """Contents of the last balanced `\\boxed{...}` (nested braces allowed; a truncated one is skipped)."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
-    return None
-
-
-def _after_hashes(text: str) -> str | None:
-    if "####" not in text:
-        return None
-    rest = text.rsplit("####", 1)[1].strip()
-    return rest.splitlines()[0].strip() if rest else None
-
-
-def _answer_phrase(text: str) -> str | None:
-    matches = list(_PHRASE.finditer(text))
-    if not matches:
-        return None
-    phrase = matches[-1].group(1).strip()
-    phrase = re.split(r"\.\s|\n", phrase, maxsplit=1)[0]  # up to the end of the sentence
-    phrase = phrase.strip().strip("*").rstrip(".").strip()
-    prose = _NUMBER_THEN_PROSE.match(phrase)  # "5 because 2+3=5": keep the 5, drop the reasoning
-    return (prose.group(1) if prose else phrase) or None
-
-
-def _last_number(text: str) -> str | None:
-    numbers = _LAST_NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    """The final answer of a completion or a GSM8K gold solution as written, or None if it has none."""
+    found = find_answer(text)
+    return found.text if found is not None else None
 
 
 def normalize_number(s: str) -> str | None:
-    """Canonical string of a plain number, or None if `s` is not one.
+    """Canonical string of a plain number ("$1,234.50" -> "1234.5", "\\frac{3}{4}" -> "3/4"), None if
+    `s` is not exactly one number with optional units (a formula, a hedge, prose)."""
+    t = clean(s.replace("\u2212", "-")).strip(" .")
+    reading = leading(t) if t else None
+    if reading is None or reading.value is None:
+        return None
+    return canonical(reading.value, reading.slash)
 
-    Strips `$`, thousands commas, a trailing `.` and trailing units (`%`, words, `\\text{...}`);
-    `12.50` -> `12.5`, `7.0` -> `7`, `-3` -> `-3`; `3/4` and `\\frac{3}{4}` -> `3/4` (kept as a
-    fraction, compared numerically by the verifier).
-    """
-    t = s.strip().replace("\u2212", "-")  # unicode minus
-    t = _LATEX_TEXT.sub(r" \1", t)
-    t = _LATEX_FRAC.sub(r"\1/\2", t)
-    for latex, plain in _LATEX_SYMBOLS:
-        t = t.replace(latex, plain)
-    t = t.strip()
-    match = _PLAIN.fullmatch(t)
-    if match is None:
+
+def box_contents(text: str) -> list[str]:
+    """Contents of every closed `\\boxed{}` that holds no other box, in order (one pass over the braces;
+    an unclosed box is skipped)."""
+    starts = {m.end() - 1: m.end() for m in _BOX.finditer(text)}
+    if not starts:
+        return []
+    stack: list[tuple[int | None, int]] = []  # (contents start if a box, leaf boxes found when opened)
+    leaves: list[tuple[int, int]] = []
+    for m in _BRACE.finditer(text, min(starts)):
+        i = m.start()
+        if text[i] == "{":
+            stack.append((starts.get(i), len(leaves)))
+        elif stack:
+            start, seen = stack.pop()
+            if start is not None and seen == len(leaves):  # a box with no box inside
+                leaves.append((start, i))
+    return [text[a:b] for a, b in leaves]
+
+
+def _boxed(text: str) -> Found | None:
+    if "\\boxed" not in text and "\\fbox" not in text:
         return None
-    sign, number = match.group(1), match.group(2).replace(",", "").replace(" ", "")
-    if "/" in number:
-        num, den = number.split("/")
-        return None if int(den) == 0 else f"{'-' if sign == '-' else ''}{int(num)}/{int(den)}"
-    try:
-        value = Decimal(number)
-    except InvalidOperation:
+    contents = [c.strip() for c in box_contents(text)]
+    contents = [c for c in contents if c]
+    if not contents:
         return None
-    value = -value if sign == "-" else value
-    if value == value.to_integral_value():
-        return str(int(value))
-    return format(value.normalize(), "f")
+    readings = {c: read_span(c) for c in dict.fromkeys(contents)}
+    values = {r.value for r in readings.values() if r.value is not None}
+    return Found(contents[-1], readings[contents[-1]], "boxed", conflict=len(values) > 1)
+
+
+def _hashes(text: str) -> Found | None:
+    end = len(text)
+    while (pos := text.rfind("####", 0, end)) != -1:
+        end = pos
+        line = text[pos + 4:pos + 4 + _SPAN_LIMIT].split("\n", 1)[0]
+        if line.startswith("#") or not _MARKER_START.match(line) or _HEADING.match(line):
+            continue  # "##### Step 2", "#### Final Answer", "#### 1. Eggs": headings
+        reading = read_span(line)
+        if reading.value is not None or reading.hedged or reading.symbolic:
+            return Found(line.strip(), reading, "hashes")
+    return None
+
+
+def _phrase(text: str) -> Found | None:
+    for m in reversed(list(_PHRASE.finditer(text))):
+        if _NEGATED.match(text, m.end()):
+            continue
+        span = _phrase_span(text, m.end())
+        reading = read_span(span)
+        if reading == Reading():
+            return None  # the last answer phrase says nothing readable: read the final sentence
+        shown = reading.text if reading.value is not None else span.strip().strip("*").rstrip(".").strip()
+        return Found(shown, reading, "phrase")
+    return None
+
+
+def _phrase_span(text: str, start: int) -> str:
+    """From the phrase to the end of its sentence; the next line when the phrase ends its line."""
+    window = text[start:start + _SPAN_LIMIT]
+    end = _SENTENCE_END.search(window)
+    span = window[:end.start()] if end else window
+    if not re.search(r"\w", span) and end is not None and window[end.start()] == "\n":
+        rest = text[start + end.end():start + end.end() + _SPAN_LIMIT].lstrip()
+        nxt = _SENTENCE_END.search(rest)
+        span = rest[:nxt.start()] if nxt else rest
+    return span
+
+
+def _last_sentence(text: str) -> Found | None:
+    pos = max(text.rfind(d) for d in "0123456789")
+    if pos < 0:
+        return None
+    start = max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
+    ends = [i for i in (text.find(b, pos) for b in _BREAKS) if i >= 0]
+    sentence = text[start:min(ends) if ends else len(text)]
+    negated = [m for m in _PHRASE.finditer(sentence) if _NEGATED.match(sentence, m.end())]
+    if negated and not re.search(r"[;,]|\b(?:but|so|instead|rather)\b", sentence[negated[-1].end():]):
+        return None  # "The answer is not 16.": no answer
+    reading = read_last(sentence)
+    if reading == Reading():
+        return None
+    return Found(reading.text, reading, "last")

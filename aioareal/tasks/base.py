@@ -7,11 +7,12 @@ a `Task` yields `Example`s for a training and a held-out split and scores comple
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import UserError
+
+if TYPE_CHECKING:  # not at run time: reward worker processes import tasks without transformers
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ answer is `row[data.answer_field]`, and every column stays on the example for re
 The answer may be absent when reward functions are configured: they decide what is right.
 
 The default verifier (no reward functions): a numeric answer is compared with the completion's
-final answer as a number (`verify.math_equal`: "46", "the answer is 46.0" and "\\boxed{46}" all
-pass); any other answer must equal the whole completion up to surrounding and repeated whitespace.
+final answer as a number (`verify.grade`, the GSM8K grader: "46", "the answer is 46.0" and
+"\\boxed{46}" all pass); any other answer must equal the whole completion up to surrounding and
+repeated whitespace.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ..errors import DataError
 from .answers import normalize_number
 from .base import Example
 from .rows import RowSource, RowTask, field_value
-from .verify import math_equal
+from .verify import Deferred, grade, math_equal
 
 
 class CustomTask(RowTask):
@@ -31,6 +32,12 @@ class CustomTask(RowTask):
         if normalize_number(example.answer) is not None:
             return math_equal(example.answer, completion, self.timeout_s)
         return float(_squash(completion) == _squash(example.answer))
+
+    def grade(self, completion: str, example: Example) -> float | Deferred:
+        """The reward service's form of `score`: symbolic checks come back as a Deferred for its workers."""
+        if normalize_number(example.answer) is not None:
+            return grade(example.answer, completion)
+        return self.score(completion, example)
 
     def _example(self, row: dict[str, Any], where: str, split: str, index: int) -> Example | None:
         skip = self.source.skip_bad_rows

@@ -1,5 +1,9 @@
 """GSM8K: grade-school math word problems, scored by final-answer equivalence.
 
+`gsm8k_reward` is the public grader, with TRL's reward-function signature, so a TRL user can pass
+it to `GRPOTrainer(reward_funcs=[gsm8k_reward])` as is; the GSM8K task scores with the same grader
+(`grade` for the reward service, which runs the rare symbolic checks in its worker pool).
+
 Rows come from a local file (JSONL, JSON list, Parquet, CSV) or the Hugging Face hub. The prompt is
 the question plus DESIGN's common instruction to box the answer (the chat template is applied by
 the renderer); the reference is the whole gold solution, whose `#### N` line the verifier extracts.
@@ -11,9 +15,27 @@ from typing import Any
 
 from .base import Example
 from .rows import RowSource, RowTask, field_value
-from .verify import math_equal
+from .verify import Deferred, grade, grade_now
 
 INSTRUCTION = "Please put your final answer within \\boxed{}."
+
+
+def gsm8k_reward(completions: list[Any], answer: list[str], timeout_s: float = 5.0, **kwargs: Any) -> list[float]:
+    """1.0 for each completion whose final answer equals the reference, else 0.0 (TRL's signature).
+
+    `answer`: the GSM8K solutions (`... #### 18`) or bare answers ("18"), one per completion.
+    `completions`: strings, or TRL's conversational form (a list of messages; the last one's
+    content is graded). The final answer is found as a careful grader reads it (`answers`) and
+    compared as a number; formulas go to math-verify in a worker process, stopped after `timeout_s`
+    (a timeout or a number past Python's digit limit scores 0 and counts in `verify_failures()`).
+    """
+    return grade_now([str(a) for a in answer], [_text(c) for c in completions], timeout_s)
+
+
+def _text(completion: Any) -> str:
+    if isinstance(completion, list):  # [{"role": "assistant", "content": "..."}]
+        return str(completion[-1].get("content", "")) if completion else ""
+    return str(completion)
 
 
 class GSM8KTask(RowTask):
@@ -30,7 +52,11 @@ class GSM8KTask(RowTask):
         self.question_field, self.answer_field, self.timeout_s = question_field, answer_field, timeout_s
 
     def score(self, completion: str, example: Example) -> float:
-        return math_equal(example.answer, completion, self.timeout_s)
+        return gsm8k_reward([completion], [example.answer], self.timeout_s)[0]
+
+    def grade(self, completion: str, example: Example) -> float | Deferred:
+        """The reward service's form: decided here, or a Deferred check for its worker pool."""
+        return grade(example.answer, completion)
 
     def _example(self, row: dict[str, Any], where: str, split: str, index: int) -> Example | None:
         skip = self.source.skip_bad_rows

@@ -6,7 +6,8 @@ group): `completions` are the decoded completions (strings), `prompts` the examp
 every other column of the dataset rows comes as a list aligned with `completions`, so
 `def exact(completions, answer, **kwargs)` works as written for TRL. A function without `**kwargs`
 gets only the columns it names. `async def` functions are run to completion with `asyncio.run` in
-the reward service's worker thread (a fresh event loop per call), under the service's timeout.
+the reward service's worker thread (a fresh event loop per call), under the service's timeout;
+with `reward.isolation=process` the same happens in a worker process (`isolated`).
 
 The reward is the weighted sum over functions (`reward.weights`, default 1 each). As in TRL, an
 entry of None (or NaN) means "does not apply to this sample" and adds nothing. A function that
@@ -116,7 +117,10 @@ class WeightedRewards:
         self.functions, self.weights = functions, weights
 
     def __call__(self, texts: list[str], examples: list[Example]) -> list[float]:
-        columns, totals = batch_columns(examples), [0.0] * len(texts)
+        return self.with_columns(texts, batch_columns(examples))
+
+    def with_columns(self, texts: list[str], columns: dict[str, list[Any]]) -> list[float]:
+        totals = [0.0] * len(texts)
         for fn, weight in zip(self.functions, self.weights):
             for i, value in enumerate(fn(list(texts), columns)):
                 if value is not None:

@@ -1,72 +1,119 @@
-"""Math answer equivalence: a numeric fast path, then math-verify under a thread-safe timeout.
+"""Math answer equivalence: a numeric fast path in-process, math-verify in a worker process.
 
-Both sides are reduced to their final answer first (`answers.extract_answer`): math-verify run on a
-whole GSM8K gold solution misreads 4 of the 1,319 test items (DESIGN, reference facts). When both
-answers are plain numbers they are compared as exact fractions to 6 decimal places (1/3 = 0.333333),
-and math-verify is never called; GSM8K golds are always plain numbers, so that is the common case.
+Both sides are reduced to their final answer first (`answers.find_answer`; math-verify run on a
+whole GSM8K gold solution misreads 4 of the 1,319 test items, DESIGN reference facts). `grade`
+decides in-process whenever both answers read as numbers (compared as exact fractions to 6
+decimal places, absolute: a relative 1e-6 would accept 1450001 for GSM8K's 1,450,000, test item
+611), and whenever the completion has no single answer (none, a hedge, conflicting boxes). Only a
+formula (`2 \\cdot 9`, `\\sqrt{324}`) or a symbolic gold needs math-verify: `grade` hands that back
+as a `Deferred` check, which the reward service runs in its worker pool under its timeout.
 
-math-verify's own timeouts use `signal.alarm`, which only works in the main thread, and rewards
-are scored in executor threads. So its timeouts are disabled and each call runs in a daemon thread
-that the caller waits on for `timeout_s`. Deviation from a ThreadPoolExecutor: a hung sympy call
-cannot be killed, and a pool's worker threads are joined at interpreter exit, so one runaway
-expression would hang shutdown; a daemon thread is abandoned instead. At most `MAX_IN_FLIGHT`
-calls may be running (hung ones included) before further calls fail fast.
+`math_equal` and `grade_now` are the standalone forms (evaluation, TRL, custom tasks): they run
+the deferred checks in the process-wide pool with a timeout of their own and count failures in
+`verify_failures()`.
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import threading
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any
 
-from .answers import extract_answer, normalize_number
+from ..rewards_pool import Deferred, shared_pool
+from .answers import find_answer
+from .numbers import Reading, read_span
 
-MAX_IN_FLIGHT = 64
-# Agree to 6 decimal places (math-verify's float_rounding=6). Absolute, not relative: a relative 1e-6
-# would accept 1450001 for GSM8K's 1,450,000 (test item 611).
-TOLERANCE = 1e-6
+SYMBOLIC_MODULE = "aioareal.tasks.symbolic"
+SYMBOLIC = f"{SYMBOLIC_MODULE}:equivalent"
+TOLERANCE = Fraction(1, 10**6)  # agree to 6 decimal places (math-verify's float_rounding=6)
 
 _lock = threading.Lock()
 _failures = 0
-_in_flight = 0
 
 
 def verify_failures() -> int:
-    """How many math-verify calls timed out or raised since import (thread-safe)."""
+    """How many standalone checks timed out or failed since import (thread-safe)."""
     with _lock:
         return _failures
 
 
-def math_equal(gold: str, predicted_text: str, timeout_s: float = 5.0) -> float:
-    """1.0 if the final answer of `predicted_text` equals the gold answer, else 0.0. Thread-safe.
+def grade(gold: str, completion: str) -> float | Deferred:
+    """1.0 / 0.0 when decided by reading numbers, else a Deferred symbolic check.
 
     `gold` is a bare answer ("18", "\\frac{3}{4}") or a solution ending in `#### N` / `\\boxed{N}`.
+    Raises ValueError (numbers.NumberTooLong) for a number past Python's integer digit limit.
     """
-    gold_answer = _gold_answer(gold)
-    predicted = extract_answer(predicted_text)
-    if not gold_answer or not predicted:
+    gold_text, g = _gold(gold)
+    found = find_answer(completion)
+    if not gold_text or found is None or found.conflict or found.reading.hedged:
         return 0.0
-    g, p = normalize_number(gold_answer), normalize_number(predicted)
-    if g is not None and p is not None:
-        return float(_numbers_equal(g, p))
-    math_verify = _load_math_verify()
-    if math_verify is None:  # not installed: the best we can do is compare normalised strings
-        return float((g or _squash(gold_answer)) == (p or _squash(predicted)))
-    try:
-        return float(_call_with_timeout(_run_math_verify, (gold_answer, predicted), timeout_s))
-    except Exception:  # timeout, or any error inside sympy/math-verify: no reward, but counted
-        _count_failure()
+    p = found.reading
+    if g.value is not None and p.value is not None:
+        return float(numbers_equal(g, p))
+    if g.value is not None and not p.symbolic:
         return 0.0
+    return Deferred(SYMBOLIC, (gold_text, found.text))
 
 
-def _gold_answer(gold: str) -> str | None:
+@functools.lru_cache(maxsize=4096)  # a group's G completions share one gold
+def _gold(gold: str) -> tuple[str | None, Reading]:
+    text = gold_answer(gold)
+    return text, read_span(text) if text else Reading()
+
+
+def gold_answer(gold: str) -> str | None:
     if "####" in gold or "\\boxed" in gold:
-        return extract_answer(gold)
-    return gold.strip()
+        found = find_answer(gold)
+        return found.text if found is not None else None
+    return gold.strip() or None
 
 
-def _numbers_equal(a: str, b: str) -> bool:
-    x, y = Fraction(a), Fraction(b)
-    return abs(x - y) <= TOLERANCE
+def numbers_equal(gold: Reading, predicted: Reading) -> bool:
+    """Equal to 6 decimal places; an answer written with % also matches its value / 100."""
+    assert gold.value is not None and predicted.value is not None
+    if abs(gold.value - predicted.value) <= TOLERANCE:
+        return True
+    return predicted.percent and abs(gold.value - predicted.value / 100) <= TOLERANCE
+
+
+def math_equal(gold: str, predicted_text: str, timeout_s: float = 5.0) -> float:
+    """1.0 if the final answer of `predicted_text` equals the gold answer, else 0.0. Thread-safe."""
+    return grade_now([gold], [predicted_text], timeout_s)[0]
+
+
+def grade_now(golds: list[str], completions: list[str], timeout_s: float = 5.0) -> list[float]:
+    """`grade` for a batch, with the deferred checks run (concurrently) in the process-wide pool."""
+    results: list[Any] = []
+    for gold, completion in zip(golds, completions):
+        try:
+            results.append(grade(gold, completion))
+        except ValueError:  # a number past the digit limit: no reward, but counted
+            _count_failure()
+            results.append(0.0)
+    deferred = [i for i, r in enumerate(results) if isinstance(r, Deferred)]
+    if deferred and _load_math_verify() is None:  # not installed: compare what is written
+        for i in deferred:
+            results[i] = float(_squash(results[i].args[0]) == _squash(results[i].args[1]))
+    elif deferred:
+        pool = shared_pool(preload=(SYMBOLIC_MODULE,))
+        futures = {i: pool.submit(results[i].fn, results[i].args, timeout_s) for i in deferred}
+        for i, future in futures.items():
+            outcome = future.result()
+            results[i] = float(outcome.value) if outcome.ok else _count_failure()
+    return [float(r) for r in results]
+
+
+def grade_batch(golds: list[str], completions: list[str]) -> list[float | Deferred | None]:
+    """`grade` for a batch without running anything deferred (a worker process's job: `bench reward`
+    shards completions over worker processes); None where a number passed the digit limit."""
+    out: list[float | Deferred | None] = []
+    for gold, completion in zip(golds, completions):
+        try:
+            out.append(grade(gold, completion))
+        except ValueError:
+            out.append(None)
+    return out
 
 
 def _squash(s: str) -> str:
@@ -74,59 +121,12 @@ def _squash(s: str) -> str:
 
 
 def _load_math_verify() -> Any:
-    """Import outside the timed call: the first import (sympy) can take longer than a timeout."""
-    try:
-        import math_verify
-    except ImportError:
-        return None
-    return math_verify
+    """math-verify's import spec, or None when it is not installed (checked without importing sympy here)."""
+    return importlib.util.find_spec("math_verify")
 
 
-def _run_math_verify(gold_answer: str, predicted: str) -> bool:
-    """The symbolic comparison; signal-based timeouts off (see the module docstring)."""
-    from math_verify import parse, verify
-
-    # Wrapping in \boxed{} makes math-verify's LaTeX extractor take the whole answer.
-    g = parse(f"\\boxed{{{gold_answer}}}", parsing_timeout=None)
-    p = parse(f"\\boxed{{{predicted}}}", parsing_timeout=None)
-    return bool(g) and bool(p) and verify(g, p, timeout_seconds=None)
-
-
-def _call_with_timeout(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
-    """Run fn(*args) in a daemon thread; TimeoutError if it has not returned within timeout_s."""
-    global _in_flight
-    with _lock:
-        if _in_flight >= MAX_IN_FLIGHT:
-            raise RuntimeError(f"{_in_flight} math-verify calls still running (hung?)")
-        _in_flight += 1
-    box: dict[str, Any] = {}
-    done = threading.Event()
-
-    def target() -> None:
-        global _in_flight
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # re-raised in the caller's thread
-            box["error"] = e
-        finally:
-            with _lock:
-                _in_flight -= 1
-            done.set()
-
-    try:
-        threading.Thread(target=target, name="math-verify", daemon=True).start()
-    except BaseException:  # could not start a thread: undo the reservation
-        with _lock:
-            _in_flight -= 1
-        raise
-    if not done.wait(timeout_s):
-        raise TimeoutError(f"math-verify took longer than {timeout_s}s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _count_failure() -> None:
+def _count_failure() -> float:
     global _failures
     with _lock:
         _failures += 1
+    return 0.0

@@ -1,0 +1,38 @@
+"""`reward.isolation=process`: the configured reward functions run in the reward worker processes.
+
+The default (`thread`) calls them in the reward service's threads: nothing has to pickle, but a
+function that hangs can only be abandoned, and one that holds the GIL stalls the whole process.
+With `process`, each group's call is sent to a spawned worker as the function specs, the
+completions and the row columns (all of which must pickle); the worker imports the functions once
+and keeps them, and the service kills and replaces a worker whose call overruns `reward.timeout_s`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..rewards_pool import Deferred
+from .base import Example
+from .reward_functions import WeightedRewards, batch_columns, load_reward_functions
+
+_loaded: dict[tuple[tuple[str, ...], tuple[float, ...]], WeightedRewards] = {}
+
+
+class ProcessRewards:
+    """A scorer that hands the whole group to a worker process (one Deferred per call)."""
+
+    worker_preload: tuple[str, ...] = (__name__,)
+
+    def __init__(self, specs: list[str], weights: list[float] | None = None) -> None:
+        self.specs, self.weights = tuple(specs), tuple(weights or ())
+
+    def __call__(self, texts: list[str], examples: list[Example]) -> Deferred:
+        return Deferred(f"{__name__}:score_in_worker", (self.specs, self.weights, list(texts), batch_columns(examples)))
+
+
+def score_in_worker(specs: tuple[str, ...], weights: tuple[float, ...], texts: list[str],
+                    columns: dict[str, list[Any]]) -> list[float]:
+    """Runs in a worker: the weighted reward of each completion (functions loaded once per worker)."""
+    rewards = _loaded.get((specs, weights))
+    if rewards is None:
+        rewards = _loaded[(specs, weights)] = WeightedRewards(load_reward_functions(list(specs)), list(weights))
+    return rewards.with_columns(texts, columns)

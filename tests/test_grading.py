@@ -1,0 +1,130 @@
+"""The GSM8K grader against a careful human grader: 179 written cases (`tasks.grading_cases`), the
+reading of numbers piece by piece, the public TRL-style reward, and extraction that stays linear in
+the length of the completion."""
+from __future__ import annotations
+
+import json
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from aioareal.rewards_pool import Deferred
+from aioareal.tasks.answers import find_answer
+from aioareal.tasks.grading_cases import CASES
+from aioareal.tasks.gsm8k import gsm8k_reward
+from aioareal.tasks.numbers import NumberTooLong, read_span
+from aioareal.tasks.verify import grade, grade_batch, grade_now
+
+GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+@pytest.mark.parametrize("kind, gold, completion, expected", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_grades_like_a_careful_grader(kind: str, gold: str, completion: str, expected: float) -> None:
+    assert grade_now([gold], [completion], timeout_s=20.0) == [expected]
+
+
+def test_cases_cover_every_class() -> None:
+    counts: dict[str, int] = {}
+    for kind, *_ in CASES:
+        counts[kind] = counts.get(kind, 0) + 1
+    assert len(CASES) >= 150 and all(n >= 3 for n in counts.values()), counts
+    assert {"thousands", "scale", "mixed", "units", "modifiers", "signs", "decimals", "fractions"} <= set(counts)
+
+
+@pytest.mark.parametrize("span, value", [
+    ("1,080", 1080), ("1{,}080", 1080), ("1 080", 1080), ("1\\ 080", 1080), ("1\\,080", 1080),
+    ("1\u00a0080", 1080), ("1\u2009080", 1080), ("1.45 million", 1_450_000), ("18 thousand", 18_000),
+    ("1.2e3", 1200), ("1.45 \\times 10^6", 1_450_000), ("2\\frac{1}{2}", Fraction(5, 2)),
+    ("2 \\frac{1}{2}", Fraction(5, 2)), ("1 1/2", Fraction(3, 2)), ("$18", 18), ("18 dollars", 18), ("18yd", 18),
+    ("18 m^2", 18), ("18 ft²", 18), ("18\\text{ cm}", 18), ("18%", 18), ("18 hundred", 1800),
+    ("18 and a half", Fraction(37, 2)), ("\u221218", -18), ("-$18", -18), ("18.00", 18), ("\\frac{36}{2}", 18),
+    ("x = 18", 18), ("3 \\times 6 = 18", 18), ("eighteen", 18), ("twenty-five dollars", 25), ("2^{10}", 1024),
+])
+def test_reads_numbers(span: str, value: Fraction | int) -> None:
+    assert read_span(span).value == value
+
+
+@pytest.mark.parametrize("span", ["18 or more", "18 or 19", "18-20", "18 to 20", "at least 18", "≥ 18", "18+",
+                                  "16, 17, 18", "18 dollars or 19 dollars", "18 \\pm 1", "\\text{up to } 18"])
+def test_hedges_are_no_answer(span: str) -> None:
+    assert read_span(span).hedged
+
+
+@pytest.mark.parametrize("span", ["2 \\cdot 9", "\\sqrt{324}", "18 - 2", "5x", "9^{9^{9}}", "10^{10^{7}}"])
+def test_formulas_go_to_the_symbolic_check(span: str) -> None:
+    reading = read_span(span)
+    assert reading.symbolic and reading.value is None
+    assert isinstance(grade("18", f"\\boxed{{{span}}}"), Deferred)
+
+
+def test_answer_sources() -> None:
+    assert find_answer("x \\boxed{18} then #### 19").source == "boxed"
+    assert find_answer("#### Step 2: Revenue\n#### 18").text == "18"
+    assert find_answer("The answer is not 16; so she makes 18").source == "last"
+    found = find_answer("\\boxed{18} and later \\boxed{19}")
+    assert found.text == "19" and found.conflict
+    assert not find_answer("\\boxed{18} and again \\boxed{18.0}").conflict
+    assert find_answer("\\boxed{\\boxed{18}}").text == "18"  # nested: the innermost box
+
+
+def test_gsm8k_like_completions_of_every_test_item_grade_right() -> None:
+    """`bench reward`'s completions (eight closing styles) for all 1,319 test items, right and wrong."""
+    from aioareal.bench.reward import completions
+
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"{GSM8K_TEST} not present")
+    rows = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
+    golds, texts = completions(rows, 2 * len(rows))  # an odd count of rows: each item both right and wrong
+    assert grade_batch(golds, texts) == [1.0 if i % 2 == 0 else 0.0 for i in range(len(texts))]
+
+
+def test_gsm8k_reward_is_a_trl_reward_function() -> None:
+    solutions = ["She makes 9 * 2 = <<9*2=18>>18 dollars.\n#### 18"] * 3 + ["18"]
+    completions = ["... so she makes \\boxed{18}.", "The answer is 19.", "#### 18", "\\boxed{\\$18.00}"]
+    assert gsm8k_reward(completions, solutions, prompts=["q"] * 4) == [1.0, 0.0, 1.0, 1.0]
+    conversational = [[{"role": "assistant", "content": "The answer is $\\boxed{18}$."}]]
+    assert gsm8k_reward(completions=conversational, answer=["#### 18"]) == [1.0]
+
+
+def test_numbers_past_the_digit_limit_raise_instead_of_comparing() -> None:
+    with pytest.raises(NumberTooLong):
+        grade("18", "\\boxed{" + "9" * 5000 + "}")
+    with pytest.raises(NumberTooLong):
+        grade("18", "The answer is 1e99999.")
+    assert gsm8k_reward(["\\boxed{" + "9" * 5000 + "}"], ["18"]) == [0.0]  # standalone: 0, counted
+
+
+PATHOLOGICAL = {
+    "unclosed boxes": lambda n: "\\boxed{" * (n // 7),
+    "nested braces": lambda n: "\\boxed{" + "{" * (n // 2) + "18" + "}" * (n // 2) + "}",
+    "nested boxes": lambda n: "\\boxed{" * (n // 7) + "18" + "}" * (n // 7),
+    "many boxes": lambda n: "\\boxed{1}" * (n // 9),
+    "digit groups": lambda n: "1" + " 000" * (n // 4),
+    "spaces": lambda n: "a" + " " * n + "1",
+    "hashes": lambda n: "#" * n,
+    "phrases": lambda n: "the answer is not 16; " * (n // 22),
+    "numbers": lambda n: "1 2 " * (n // 4),
+    "fractions": lambda n: "\\frac{1}{2}" * (n // 11),
+    "minus signs": lambda n: "-" * n + "1",
+}
+
+
+@pytest.mark.parametrize("name", list(PATHOLOGICAL))
+def test_extraction_is_linear_in_the_length(name: str) -> None:
+    """Four times the text may take about four times as long (was quadratic: 56k chars of unclosed
+    boxes took 42 s), and 200k characters stay well under a reward timeout."""
+    def seconds(n: int) -> float:  # CPU time of this thread: other jobs on a busy machine do not count
+        text = PATHOLOGICAL[name](n)
+        start = time.thread_time()
+        try:
+            grade("18", text)
+        except NumberTooLong:
+            pass
+        return time.thread_time() - start
+
+    small, large = min(seconds(25_000) for _ in range(2)), min(seconds(100_000) for _ in range(2))
+    assert large < 1.5
+    assert large < 12 * small + 0.05  # linear with slack for a loaded machine; quadratic would be ~16x

@@ -1,0 +1,184 @@
+"""Verifiers a timeout can stop: the worker pool kills and replaces overrunning workers, the reward
+service returns every call within twice its timeout while the event loop keeps ticking, every
+failure is counted, and no worker outlives its interpreter."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aioareal.cli import main
+from aioareal.config import load_config
+from aioareal.rewards import RewardService
+from aioareal.rewards_pool import WorkerPool
+from aioareal.tasks import build_scorer, build_task
+from aioareal.tasks.base import Example
+from aioareal.tasks.isolated import ProcessRewards
+from aioareal.tasks.scoring import GradedScorer
+from aioareal.tasks.verify import SYMBOLIC_MODULE, grade
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def pool():
+    pool = WorkerPool(2, preload=(SYMBOLIC_MODULE,))
+    assert pool.wait_ready(60)
+    yield pool
+    pids = pool.pids()
+    pool.close()
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_job_past_its_time_is_killed_and_the_worker_replaced(pool: WorkerPool) -> None:
+    assert pool.run("operator:add", (1, 2), 5.0).value == 3
+    before = pool.pids()
+    start = time.monotonic()
+    outcome = pool.run("time:sleep", (60,), 0.3)
+    assert outcome.status == "timeout" and time.monotonic() - start < 1.5
+    assert pool.restarts == 1 and pool.pids() != before
+    assert pool.run("operator:mul", (6, 7), 5.0).value == 42  # the replacement takes jobs
+
+
+def test_a_crashed_worker_is_an_error_and_is_replaced(pool: WorkerPool) -> None:
+    outcome = pool.run("os:_exit", (3,), 5.0)
+    assert outcome.status == "error" and "exit code 3" in outcome.message
+    assert pool.run("math:factorial", (-1,), 5.0).message.startswith("ValueError")  # raised in the job
+    assert pool.run("operator:add", (2, 2), 5.0).value == 4
+
+
+def test_a_job_cancelled_while_queued_is_skipped(pool: WorkerPool) -> None:
+    running = [pool.submit("time:sleep", (0.3,), 5.0) for _ in range(2)]  # both workers busy
+    dropped, kept = pool.submit("operator:add", (1, 1), 5.0), pool.submit("operator:add", (2, 2), 5.0)
+    assert dropped.cancel()
+    assert kept.result(timeout=10).value == 4 and all(f.result(timeout=10).ok for f in running)
+
+
+def test_workers_import_neither_torch_nor_transformers(pool: WorkerPool) -> None:
+    assert "torch" in sys.modules  # the parent has it (conftest)
+    for module in ("torch", "transformers", "aioareal.rewards"):
+        assert pool.run("sys:modules.__contains__", (module,), 5.0).value is False, module
+    assert pool.run("sys:modules.__contains__", ("sympy",), 5.0).value is True  # preloaded
+
+
+def test_no_worker_outlives_its_interpreter() -> None:
+    script = ("from aioareal.rewards_pool import WorkerPool\n"
+              "p = WorkerPool(2); assert p.wait_ready(60); print(*p.pids(), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    pids = [int(x) for x in out.stdout.split()]
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    # A parent killed outright: its workers see their pipe close and exit on their own.
+    proc = subprocess.Popen([sys.executable, "-c", script + "import time; time.sleep(60)\n"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    pids = [int(x) for x in proc.stdout.readline().split()]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def _pathological() -> dict[str, str]:
+    return {
+        "huge power": "The answer is \\boxed{9^{9^{9}}}.",
+        "big power": "\\boxed{10^{10^{7}}}",
+        "200k characters": "Let me think. " + "1 2 " * 50_000,
+        "nested braces": "\\boxed{" + "{" * 5000 + "19" + "}" * 5000 + "}",
+        "unclosed boxes": "\\boxed{" * 8000,
+        "past the digit limit": "\\boxed{" + "9" * 5000 + "}",
+    }
+
+
+def test_pathological_completions_return_in_time_while_the_loop_ticks(pool: WorkerPool) -> None:
+    timeout = 2.0
+    texts = list(_pathological().values()) + ["So she makes \\boxed{18}."]
+    scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))
+    service = RewardService(scorer, decode=lambda ids: texts[ids[0]], workers=2, timeout_s=timeout, pool=pool)
+    good = len(texts) - 1
+
+    async def timed_call(i: int) -> tuple[float, tuple[list[float], int]]:
+        start = time.monotonic()
+        result = await service.score([[i], [good]], [Example(str(i), "q", "#### 18")] * 2)
+        return time.monotonic() - start, result
+
+    async def go() -> tuple[list, float]:
+        gaps, stop = [0.0], asyncio.Event()
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+        ticker = asyncio.create_task(tick())
+        results = await asyncio.gather(*(timed_call(i) for i in range(good)))
+        stop.set()
+        await ticker
+        return results, max(gaps)
+
+    results, worst_gap = asyncio.run(go())
+    durations = {name: round(seconds, 2) for name, (seconds, _) in zip(_pathological(), results)}
+    for name, (seconds, (scores, bad)) in zip(_pathological(), results):
+        assert seconds < 2 * timeout, durations
+        assert scores == [0.0, 1.0], name  # the group's good completion still counts
+    # The event loop kept ticking (a sympy call in-process would freeze it for the whole timeout and
+    # more); the bound leaves room for a machine whose 2 cores are shared with other jobs.
+    assert worst_gap < timeout / 2, (worst_gap, durations)
+    s = service.stats
+    assert s.timeouts >= 1 and s.errors >= 1 and s.failures == s.timeouts + s.errors
+    assert s.metrics() == {"reward_timeouts": s.timeouts, "reward_errors": s.errors}
+    assert pool.restarts >= 1
+    assert asyncio.run(service.score([[good]], [Example("x", "q", "18")])) == ([1.0], 0)  # and it goes on
+
+
+def test_user_reward_functions_in_processes_are_killed_on_timeout(tmp_path: Path) -> None:
+    module = tmp_path / "spin_rewards.py"
+    module.write_text("def spin(completions, answer, **kwargs):\n"
+                      "    if completions[0] == 'spin':\n"
+                      "        while True:\n"
+                      "            pass\n"
+                      "    return [float(c == a) for c, a in zip(completions, answer)]\n")
+    config = load_config(overrides=[f"reward.functions={module}:spin", "reward.isolation=process",
+                                    "reward.timeout_s=1", "reward.workers=1"])
+    scorer = build_scorer(config, build_task(config))
+    assert isinstance(scorer, ProcessRewards)
+    pool = WorkerPool(1)
+    try:
+        service = RewardService(scorer, decode=lambda ids: ["spin", "7", "8"][ids[0]], workers=1, timeout_s=1.0,
+                                pool=pool)
+        examples = [Example("u", "q", "7", {"answer": "7"})] * 2
+        start = time.monotonic()
+        assert asyncio.run(service.score([[0], [1]], examples)) == ([0.0, 0.0], 2)
+        assert time.monotonic() - start < 2.0 and service.stats.timeouts == 1 and service.stats.hung == 0
+        assert asyncio.run(service.score([[1], [2]], examples)) == ([1.0, 0.0], 0)
+    finally:
+        pool.close()
+
+
+def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -> None:
+    out = tmp_path / "bench.jsonl"
+    assert main(["bench", "reward", "--completions", "64", "--repeats", "1", "--workers", "1", "--chunk", "16",
+                 "--out", str(out)]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures == json.loads(out.read_text().splitlines()[-1]) and figures["bench"] == "reward"
+    assert figures["completions"] == 64 and figures["cases"] >= 150
+    for key in ("single_cps", "pool_cps", "service_cps", "single_cpu_cps"):
+        assert figures[key] > 0, key
+    assert figures["agree_ours"] == 1.0
+    assert max(figures[f"agree_{b}"] for b in ("math_verify", "strict_regex", "flexible_regex")) < 1.0
