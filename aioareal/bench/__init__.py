@@ -1,9 +1,10 @@
-"""`python -m aioareal bench {gen,train,e2e}`: throughput against the obvious baseline, measured in
+"""`python -m aioareal bench {gen,train,e2e,reward}`: throughput against the obvious baseline, measured in
 the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
 
   gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
   train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory)
   e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
+  reward the GSM8K reward: completions/s in one process, over the worker pool, through the service
 
 Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
 are imported only when their bench runs.
