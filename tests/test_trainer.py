@@ -13,6 +13,7 @@ from aioareal.models import random_model
 from aioareal.samples import Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
+from aioareal.trainer.step import assign_advantages
 from aioareal.trainer.batching import collate, pack, plan
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
@@ -177,19 +178,27 @@ def test_behaviour_stats_by_hand():
 
 def test_step_reports_behaviour_weights_max_over_micro_batches():
     """Decoupled, one update: w = pi_prox / pi_behav with pi_prox the model before the step. The max
-    must be the max over every micro-batch (not their sum), the mean over every trained token."""
+    must be the max over every micro-batch (not their sum), the mean over every trained token, the
+    capped fractions those of the tokens with w > 5 (and, of those, A < 0)."""
     config = load_config(overrides=["algo.objective=decoupled", "algo.batch_groups=2", "algo.group_size=4",
                                     "train.micro_batch_tokens=20"])
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
     trainer = Trainer(model, config.algo, config.train, pad_id=0)
     trainer.version = 1  # samples of version 0: every token is one version stale
     groups = _groups()
+    for i, sample in enumerate(s for g in groups for s in g.samples):  # behaviour -8 (w > 5) or -2 (w < 1)
+        sample.completion.logprobs = [-8.0 if (i + j) % 3 == 0 else -2.0 for j in range(len(sample.tokens))]
+    assign_advantages(groups, std_norm=True)
     parts = trainer.pack(groups)
     assert sum(len(p) for p in parts) > 1  # several micro-batches, or the max test means nothing
-    with torch.no_grad():  # behaviour log-probs are all -2.0 (see _groups)
-        w = torch.cat([trainer._logprobs(model, mb)[0][mb.loss_mask].add(2.0).exp() for part in parts for mb in part])
+    with torch.no_grad():  # the random model's log-probs are about -5
+        w = torch.cat([(trainer._logprobs(model, mb)[0] - mb.behav_logp)[mb.loss_mask].exp()
+                       for part in parts for mb in part])
+    adv = torch.cat([mb.advantages[:, None].expand_as(mb.loss_mask)[mb.loss_mask] for part in parts for mb in part])
+    assert ((w > 5) & (adv < 0)).any() and ((w > 5) & (adv > 0)).any()  # both kinds of capped token occur
     metrics = train_step(trainer, groups)
     assert metrics["behav_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-4)
     assert metrics["behav_weight_max"] == pytest.approx(float(w.max()), rel=1e-4)
-    assert metrics["capped_frac"] == pytest.approx(float((w > config.algo.behav_cap).float().mean()), abs=1e-6)
+    assert metrics["capped_frac"] == pytest.approx(float((w > 5).float().mean()), abs=1e-6)
+    assert metrics["capped_neg_frac"] == pytest.approx(float(((w > 5) & (adv < 0)).float().mean()), abs=1e-6)
     assert metrics["stale_token_frac"] == 1.0

@@ -36,7 +36,7 @@ DIAGNOSTICS = {  # metrics.jsonl column -> (header, format, last N steps only or
     "stale_token_frac": ("stale tokens", "{:.1%}", None), "behav_weight_mean": ("mean w", "{:.3f}", None),
     "behav_weight_max": ("max w (per step)", "{:.2f}", None),
     "behav_outside_clip_frac": ("w outside clip range", "{:.1%}", None), "clip_frac": ("clipped", "{:.1%}", None),
-    "capped_frac": ("capped", "{:.2%}", None), "entropy": ("entropy", "{:.3f}", None),
+    "capped_frac": ("capped", "{:.2%}", None), "capped_neg_frac": ("capped, A < 0", "{:.2%}", None), "entropy": ("entropy", "{:.3f}", None),
     "entropy_end": ("entropy, last 10 steps", "{:.3f}", 10),
 }
 
@@ -108,7 +108,7 @@ def diagnostics_section(groups: dict[str, list[Run]]) -> list[str]:
             "Means over training steps, then seeds. w: the behaviour weight, pi_prox / pi_behav for decoupled "
             "(the weight it applies), pi / pi_behav for ppo (its ratio) and dg (which does not use it); "
             "clip range [1 - clip_eps_low, 1 + clip_eps_high]. Clipped: tokens the clip leaves without "
-            "gradient. Capped: decoupled tokens with w over algo.behav_cap."]
+            "gradient. Capped: decoupled tokens with w over algo.behav_cap (A < 0: those with a negative advantage)."]
 
 
 def markdown_table(table: pd.DataFrame, columns: dict | None = None) -> str:

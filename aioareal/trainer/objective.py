@@ -66,6 +66,10 @@ def micro_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, totals: Tota
         per_token, clipped, capped = losses.decoupled_token_loss(
             logp, prox, mb.behav_logp, adv, cfg.clip_eps_low, cfg.clip_eps_high, cfg.behav_cap, cfg.behav_cap_mode)
         stats["capped"] = (capped & mask).sum()
+        # Masking a capped token with A < 0 drops the correction of a bad token the policy has since
+        # made more likely; with A > 0 it only stops pushing an already-learned one (like PPO's clip).
+        negative = (adv if adv.dim() == logp.dim() else adv.unsqueeze(-1)) < 0  # (N, T) or (N, 1)
+        stats["capped_neg"] = (capped & mask & negative).sum()
     else:
         per_token, gate = losses.dg_token_loss(logp, adv, cfg.dg_eta)
         clipped = torch.zeros_like(mask)

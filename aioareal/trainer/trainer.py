@@ -207,6 +207,7 @@ class Trainer:
                    stale_token_frac=total.pop("stale_tokens") / tokens)
         if "capped" in total:
             out["capped_frac"] = total["capped"] / tokens
+            out["capped_neg_frac"] = total["capped_neg"] / tokens  # of those, advantage < 0
         if "dg_gate" in total:
             out["dg_gate_mean"] = total["dg_gate"] / tokens
         return out
