@@ -107,6 +107,9 @@ def _learning(s: Snapshot, width: int) -> list[Text]:
               f" {last_eval:>11}"),
         _line(("loss ", "dim"), f"{fmt(s.loss, '+.4f'):<10}", ("kl ", "dim"), fmt(s.kl, ".4f")),
         _line(("grad norm ", "dim"), f"{fmt(s.grad_norm, '.3f'):<10}", ("clip ", "dim"), fmt(s.clip_frac, ".3f")),
+        # How far off-policy the trained tokens are, and what the decoupled cap removes.
+        _line(("w behav ", "dim"), f"{fmt(s.behav_weight_mean, '.3f')} max {fmt(s.behav_weight_max, '.2f'):<7}",
+              ("capped ", "dim"), fmt(s.capped_frac, ".3f")),
     ]
 
 

@@ -48,6 +48,9 @@ class Snapshot:
     kl: float | None = None
     grad_norm: float | None = None
     clip_frac: float | None = None
+    behav_weight_mean: float | None = None  # pi_prox (or pi) / pi_behav over trained tokens: how off-policy
+    behav_weight_max: float | None = None
+    capped_frac: float | None = None  # decoupled: tokens whose behaviour weight is over algo.behav_cap
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
     train_phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last step
     gen_phases: dict[str, float] = field(default_factory=dict)  # generator seconds per phase, same interval
@@ -114,7 +117,7 @@ class LiveState:
         snap.eta = self._eta(snap.step, snap.steps_total)
         for key in ("gen_tokens_per_s", "train_tokens_per_s", "samples_per_s"):
             setattr(snap, key, row.get(key) or 0.0)
-        for key in ("loss", "kl", "grad_norm", "clip_frac"):
+        for key in ("loss", "kl", "grad_norm", "clip_frac", "behav_weight_mean", "behav_weight_max", "capped_frac"):
             setattr(snap, key, row.get(key))
         snap.dropped_stale = row.get("groups_dropped_stale", 0)
         snap.rejected = row.get("groups_rejected", 0)

@@ -23,6 +23,7 @@ def make_snapshot(**overrides) -> Snapshot:
         staleness_hist={0: 210, 1: 402, 2: 28}, dropped_stale=5, rejected=3, reward_failures=1,
         rewards=[0.1 + i / 200 for i in range(120)], evals=[(0, 0.355), (50, 0.47), (100, 0.575)],
         loss=-0.0082, kl=0.0013, grad_norm=0.412, clip_frac=0.031,
+        behav_weight_mean=1.043, behav_weight_max=7.25, capped_frac=0.012,
         gpu_memory=[("cuda:0", 12.31, 79.65), ("cuda:1", 30.05, 79.65)])
     return Snapshot(**{**values, **overrides})
 
@@ -55,6 +56,7 @@ def test_every_panel_shows_its_content(width):
         "dropped (stale) 5", "rejected 3", "failures 1",  # ledger
         "0.695", "0.575 @ 100",  # latest reward and eval
         "loss -0.0082", "kl 0.0013", "grad norm 0.412", "clip 0.031",
+        "w behav 1.043 max 7.25", "capped 0.012",
         "cuda:0 ", "12.3 / 79.7 GiB", "30.1 / 79.7 GiB",
     ]:
         assert expected in text, f"{expected!r} missing from\n{text}"

@@ -6,6 +6,7 @@ The sweep: two configurations (sync K=0, async K=2) x two seeds, 4 steps of 2 gr
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ def test_report_numbers_match_the_files(sweep):
     assert list(t["n_seeds"]) == [2, 2]
     assert t.loc[SYNC, "final_pass_rate"] == pytest.approx((0.7 + 0.55) / 2)
     assert t.loc[SYNC, "best_pass_rate"] == pytest.approx((0.7 + 0.6) / 2)
+    assert t.loc[SYNC, "final_range"] == "0.550-0.700" and t.loc[ASYNC, "final_range"] == "0.600-0.800"
     assert t.loc[ASYNC, "final_pass_rate"] == pytest.approx((0.8 + 0.6) / 2)
     # sync: seed 0 first >= 0.55 at step 4 (t=4.0), seed 1 at step 2 (t=2.5); async: both at step 4
     assert t.loc[SYNC, "time_to_threshold_s"] == pytest.approx((4.0 + 2.5) / 2)
@@ -157,13 +159,31 @@ def test_no_runs_is_a_user_error(tmp_path):
         load_runs(tmp_path / "blank")
 
 
+def test_diagnostics_average_steps_then_seeds_and_skip_absent_metrics(sweep):
+    from aioareal.experiments.load import by_configuration
+    from aioareal.experiments.report import diagnostics
+
+    groups = by_configuration(load_runs(sweep))
+    # capped_frac logged by the async runs only (as decoupled logs it and ppo does not); step 0 has none.
+    for run, per_step in zip(groups[ASYNC], ([0.0, 0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 0.0, 0.2, 0.2])):
+        run.metrics["capped_frac"] = per_step[:len(run.metrics)]
+    t = by_label(diagnostics(groups))
+    assert t.loc[ASYNC, "capped_frac"] == pytest.approx((0.25 + 0.1) / 2)
+    assert math.isnan(t.loc[SYNC, "capped_frac"]) and (t["clip_frac"] == 0).all()
+    assert "behav_weight_mean" not in t  # no run logged it: no empty column
+
+
 def test_cli_report(sweep, tmp_path, capsys):
     out = tmp_path / "out"
+    out.mkdir()
+    (out / "findings.md").write_text("Hand-written: why the curves look as they do.\n")
     assert main(["report", str(sweep), "--out", str(out), "--threshold", "0.55"]) == 0
     text = (out / "report.md").read_text()
     assert "held-out pass rate 0.550 (given on the command line)" in text
-    assert f"| {SYNC} | 2 | 0.625 | 0.650 | 3.2" in text or f"| {SYNC} | 2 | 0.625 | 0.650 | 3.3" in text
+    assert (f"| {SYNC} | 2 | 0.625 | 0.550-0.700 | 0.650 | 3.2" in text
+            or f"| {SYNC} | 2 | 0.625 | 0.550-0.700 | 0.650 | 3.3" in text)
     assert all(f"]({name})" in text for name in FILES)
+    assert text.index("Hand-written: why") < text.index("**Threshold**")  # findings kept on top
     assert str(out / "report.md") in capsys.readouterr().out
 
 

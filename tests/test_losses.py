@@ -184,6 +184,25 @@ def test_decoupled_cap_mask_vs_clamp():
     assert prox.grad is None  # the behaviour weight and the trust-region centre carry no gradient
 
 
+@PROPS
+@given(ppo_rows)
+def test_one_update_decoupled_is_ppo_without_its_clip(rows):
+    """The objectives-tiny finding as a property: at the only update of a step (one mini-batch, one
+    epoch) pi == pi_prox, so decoupled's own clip never acts and its gradient is w A per token for
+    every w under the cap; PPO's gradient is the same w A except on the tokens its clip around the
+    behaviour policy zeroes. Stale samples put ~11% of tokens there at K=8 (plots/objectives-tiny)."""
+    logp, behav, adv = t([[r[0]] for r in rows]), t([[r[1]] for r in rows]), t([r[2] for r in rows])
+    dec_logp, ppo_logp = logp.clone().requires_grad_(), logp.clone().requires_grad_()
+    loss, dec_clipped, capped = losses.decoupled_token_loss(dec_logp, logp, behav, adv, LOW, HIGH, 1e9)
+    loss.sum().backward()
+    ppo_loss, ppo_clipped = losses.ppo_token_loss(ppo_logp, behav, adv, LOW, HIGH)
+    ppo_loss.sum().backward()
+    w_adv = -(logp - behav).exp() * adv[:, None]  # d/dlogp of -w u A at u = 1
+    assert not dec_clipped.any() and not capped.any()
+    torch.testing.assert_close(dec_logp.grad, w_adv)
+    torch.testing.assert_close(ppo_logp.grad, torch.where(ppo_clipped, torch.zeros_like(w_adv), w_adv))
+
+
 def test_decoupled_rejects_unknown_cap_mode():
     x = torch.zeros(1, 1)
     with pytest.raises(ValueError, match="cap_mode"):

@@ -13,6 +13,7 @@ from aioareal.models import random_model
 from aioareal.samples import Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
+from aioareal.trainer.step import assign_advantages
 from aioareal.trainer.batching import collate, pack, plan
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
@@ -158,3 +159,46 @@ def test_drop_constant_groups_stops_a_run_that_can_never_fill_a_batch(tmp_path):
                          flags={"run.run_dir": str(tmp_path / "run")})
     with pytest.raises(UserError, match="drop_constant_groups rejected 201 groups in a row"):
         train(config, log=lambda *_: None, printer=lambda row: None)
+
+
+def test_behaviour_stats_by_hand():
+    """The explanatory off-policy metrics on hand-picked numbers: w = pi / pi_behav per token."""
+    from aioareal.trainer.objective import behaviour_stats
+
+    mb = collate([_sample([5], [8, 9, 10], [2, 3, 3]), _sample([5], [11], [1])], pad_id=0, device=torch.device("cpu"))
+    # Targets sit at columns 0..2 (row 0) and 0 (row 1); behaviour log-probs -0.1, -0.2, -0.3 and -0.1.
+    log_w = torch.tensor([[0.0, 1.0, -1.0], [3.0, 5.0, 5.0]])  # off-mask entries must not count
+    stats = behaviour_stats(load_config().algo, mb, mb.behav_logp + log_w, prox_version=3)
+    e = torch.e
+    torch.testing.assert_close(stats["behav_weight"], torch.tensor(1 + e + 1 / e + e**3))
+    torch.testing.assert_close(stats["behav_weight_max"], torch.tensor(e**3))
+    assert stats["behav_outside_clip"] == 3  # all but the w = 1 token leave [0.8, 1.2]
+    assert stats["stale_tokens"] == 2  # versions 2 and 1 are older than the step's version 3
+
+
+def test_step_reports_behaviour_weights_max_over_micro_batches():
+    """Decoupled, one update: w = pi_prox / pi_behav with pi_prox the model before the step. The max
+    must be the max over every micro-batch (not their sum), the mean over every trained token, the
+    capped fractions those of the tokens with w > 5 (and, of those, A < 0)."""
+    config = load_config(overrides=["algo.objective=decoupled", "algo.batch_groups=2", "algo.group_size=4",
+                                    "train.micro_batch_tokens=20"])
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    trainer = Trainer(model, config.algo, config.train, pad_id=0)
+    trainer.version = 1  # samples of version 0: every token is one version stale
+    groups = _groups()
+    for i, sample in enumerate(s for g in groups for s in g.samples):  # behaviour -8 (w > 5) or -2 (w < 1)
+        sample.completion.logprobs = [-8.0 if (i + j) % 3 == 0 else -2.0 for j in range(len(sample.tokens))]
+    assign_advantages(groups, std_norm=True)
+    parts = trainer.pack(groups)
+    assert sum(len(p) for p in parts) > 1  # several micro-batches, or the max test means nothing
+    with torch.no_grad():  # the random model's log-probs are about -5
+        w = torch.cat([(trainer._logprobs(model, mb)[0] - mb.behav_logp)[mb.loss_mask].exp()
+                       for part in parts for mb in part])
+    adv = torch.cat([mb.advantages[:, None].expand_as(mb.loss_mask)[mb.loss_mask] for part in parts for mb in part])
+    assert ((w > 5) & (adv < 0)).any() and ((w > 5) & (adv > 0)).any()  # both kinds of capped token occur
+    metrics = train_step(trainer, groups)
+    assert metrics["behav_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-4)
+    assert metrics["behav_weight_max"] == pytest.approx(float(w.max()), rel=1e-4)
+    assert metrics["capped_frac"] == pytest.approx(float((w > 5).float().mean()), abs=1e-6)
+    assert metrics["capped_neg_frac"] == pytest.approx(float(((w > 5) & (adv < 0)).float().mean()), abs=1e-6)
+    assert metrics["stale_token_frac"] == 1.0

@@ -133,7 +133,10 @@ class AlgoConfig:
         "token-mean | seq-mean | constant (Dr. GRPO: sum / (batch * max_new_tokens))", "token-mean")
     kl_coef: float = doc("k3 KL penalty to the frozen reference; 0 frees the reference model", 0.0)
     behav_cap: float = doc("decoupled: cap on pi_prox / pi_behav", 5.0)
-    behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: mask tokens over the cap, or clamp the weight", "mask")
+    # clamp, not mask (AReaL's choice): most tokens over the cap have A < 0 and masking them drops the
+    # correction of bad tokens the policy has since made likelier (plots/decoupled-k8-tiny/report.md).
+    behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: clamp the weight of tokens over the cap, or mask "
+                                                   "them out", "clamp")
     prox: Literal["recompute", "loglinear", "none"] = doc(
         "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions; "
         "none computes no proximal policy (ppo and dg need none)", "recompute")

@@ -19,10 +19,15 @@ from matplotlib.figure import Figure
 from .load import Run, by_configuration, choose_threshold, load_runs
 
 FILES = ("pass_rate_vs_step.png", "pass_rate_vs_time.png", "time_to_threshold.png", "staleness.png",
-         "throughput.png", "reward.png")
+         "throughput.png", "reward.png", "off_policy.png")
 TIME_POINTS = 200
 THROUGHPUT = (("gen_tokens_per_s", "generation tokens/s (busy time)"), ("train_tokens_per_s", "training tokens/s"),
               ("gen_idle_frac", "generator idle fraction"), ("train_idle_frac", "trainer idle fraction"))
+# What the objectives do with stale tokens (trainer metrics; see README "Run outputs").
+OFF_POLICY = (("behav_weight_mean", "mean behaviour weight w"), ("behav_weight_max", "max behaviour weight w"),
+              ("behav_outside_clip_frac", "tokens with w outside [1-eps, 1+eps]"),
+              ("clip_frac", "tokens clipped (no gradient)"), ("capped_frac", "decoupled: tokens over behav_cap"),
+              ("entropy", "policy entropy (nats/token)"))
 
 
 def plot_sweep(path: str | Path, out_dir: str | Path, threshold: float | None = None) -> list[Path]:
@@ -36,7 +41,7 @@ def plot_runs(runs: list[Run], out_dir: str | Path, threshold: float | None = No
     groups = by_configuration(runs)
     value, how = choose_threshold(runs, threshold)
     figures = (pass_rate_vs_step(groups), pass_rate_vs_time(groups), time_to_threshold(groups, value, how),
-               staleness(groups), throughput(groups), reward(groups))
+               staleness(groups), throughput(groups), reward(groups), off_policy(groups))
     paths = []
     for name, fig in zip(FILES, figures):
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
@@ -184,4 +189,23 @@ def reward(groups: dict[str, list[Run]]) -> Figure:
         if len(stats):
             draw(ax, stats, label)
     legend(fig, ax)
+    return fig
+
+
+def off_policy(groups: dict[str, list[Run]]) -> Figure:
+    """One panel per OFF_POLICY metric vs step; a configuration without the metric draws nothing."""
+    fig = Figure(figsize=(13, 7.5), layout="constrained")
+    axes = fig.subplots(2, 3, sharex=True).ravel()
+    window = smoothing_window([r for runs in groups.values() for r in runs])
+    fig.suptitle(f"Off-policy diagnostics (mean, band: min-max over seeds; rolling mean over {window} steps)")
+    for i, (ax, (name, title)) in enumerate(zip(axes, OFF_POLICY)):
+        ax.set(title=title, xlabel="training step" if i >= 3 else "")
+        ax.grid(alpha=0.3)
+        for label, runs in groups.items():
+            stats = across_seeds([column(r, name, window) for r in runs])
+            if len(stats):
+                draw(ax, stats, label)
+            else:  # keep each configuration's colour the same in every panel
+                ax.plot([], [], label=label)
+    legend(fig, axes[0])
     return fig

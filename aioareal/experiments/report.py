@@ -23,14 +23,22 @@ from .plots import FILES, plot_runs
 
 COLUMNS = {  # summarise() column -> (table header, format)
     "configuration": ("configuration", "{}"), "n_seeds": ("seeds", "{:d}"),
-    "final_pass_rate": ("final pass rate", "{:.3f}"), "best_pass_rate": ("best pass rate", "{:.3f}"),
+    "final_pass_rate": ("final pass rate", "{:.3f}"), "final_range": ("final, min-max over seeds", "{}"),
+    "best_pass_rate": ("best pass rate", "{:.3f}"),
     "time_to_threshold_s": ("time to threshold (s)", "{:.1f}"), "n_reached": ("seeds reaching it", "{:d}"),
     "samples_to_threshold": ("samples to threshold", "{:,.0f}"), "samples_per_s": ("samples/s", "{:.1f}"),
     "mean_staleness": ("mean staleness", "{:.2f}"), "dropped_frac": ("dropped (stale)", "{:.1%}"),
 }
 CAPTIONS = dict(zip(FILES, ("Held-out pass rate vs training step", "Held-out pass rate vs wall clock",
                             "Time to threshold", "Staleness distribution", "Throughput and idle time",
-                            "Training reward")))
+                            "Training reward", "Off-policy diagnostics")))
+DIAGNOSTICS = {  # metrics.jsonl column -> (header, format, last N steps only or None for all)
+    "stale_token_frac": ("stale tokens", "{:.1%}", None), "behav_weight_mean": ("mean w", "{:.3f}", None),
+    "behav_weight_max": ("max w (per step)", "{:.2f}", None),
+    "behav_outside_clip_frac": ("w outside clip range", "{:.1%}", None), "clip_frac": ("clipped", "{:.1%}", None),
+    "capped_frac": ("capped", "{:.2%}", None), "capped_neg_frac": ("capped, A < 0", "{:.2%}", None), "entropy": ("entropy", "{:.3f}", None),
+    "entropy_end": ("entropy, last 10 steps", "{:.3f}", 10),
+}
 
 
 def run_summary(run: Run, threshold: float) -> dict[str, float]:
@@ -68,18 +76,49 @@ def summarise(runs: list[Run], threshold: float | None) -> pd.DataFrame:
     for label, group in by_configuration(runs).items():
         per_run = pd.DataFrame([run_summary(r, threshold) for r in group])
         means = per_run.drop(columns="reached").mean()  # NaN-skipping: time/samples over seeds that reached
+        finals = per_run["final_pass_rate"]
         rows.append({"configuration": label, "n_seeds": len(group), **means.to_dict(),
+                     "final_range": f"{finals.min():.3f}-{finals.max():.3f}",
                      "n_reached": int(per_run["reached"].sum())})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def markdown_table(table: pd.DataFrame) -> str:
+def diagnostics(groups: dict[str, list[Run]]) -> pd.DataFrame:
+    """One row per configuration: each DIAGNOSTICS metric averaged over training steps, then seeds
+    (columns no run has are left out: older runs, or objectives that do not log them)."""
+    rows = []
+    for label, runs in groups.items():
+        row: dict[str, object] = {"configuration": label}
+        for key, (_, _, last) in DIAGNOSTICS.items():
+            name = key.removesuffix("_end")
+            per_run = [float(m.loc[m["step"] > 0, name].tail(last or len(m)).mean())
+                       for m in (r.metrics for r in runs) if name in m]
+            row[key] = sum(per_run) / len(per_run) if per_run else math.nan
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    return table[[c for c in table if c == "configuration" or table[c].notna().any()]]
+
+
+def diagnostics_section(groups: dict[str, list[Run]]) -> list[str]:
+    diag = diagnostics(groups)
+    if len(diag.columns) == 1:
+        return []
+    return ["", "## Off-policy diagnostics", "",
+            markdown_table(diag, {"configuration": ("configuration", "{}"), **DIAGNOSTICS}), "",
+            "Means over training steps, then seeds. w: the behaviour weight, pi_prox / pi_behav for decoupled "
+            "(the weight it applies), pi / pi_behav for ppo (its ratio) and dg (which does not use it); "
+            "clip range [1 - clip_eps_low, 1 + clip_eps_high]. Clipped: tokens the clip leaves without "
+            "gradient. Capped: decoupled tokens with w over algo.behav_cap (A < 0: those with a negative advantage)."]
+
+
+def markdown_table(table: pd.DataFrame, columns: dict | None = None) -> str:
     """A GitHub markdown table (pandas' to_markdown needs tabulate, which we do not depend on)."""
-    cols = [c for c in COLUMNS if c in table]
-    lines = ["| " + " | ".join(COLUMNS[c][0] for c in cols) + " |",
+    columns = columns or COLUMNS
+    cols = [c for c in columns if c in table]
+    lines = ["| " + " | ".join(columns[c][0] for c in cols) + " |",
              "|" + "|".join("---" if c == "configuration" else "---:" for c in cols) + "|"]
     for _, row in table.iterrows():
-        cells = [_cell(row[c], COLUMNS[c][1]) for c in cols]
+        cells = [_cell(row[c], columns[c][1]) for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -121,16 +160,19 @@ def write_report(path: str | Path, out_dir: str | Path, threshold: float | None 
     table = summarise(runs, value)
     groups = by_configuration(runs)
     name = Path(path).resolve().name
-    lines = [f"# Report: {name}", "",
-             f"{len(runs)} run(s) in {len(groups)} configuration(s), read from `{path}`; "
-             f"{sum(not r.complete for r in runs)} incomplete (no `DONE` file and fewer than train.steps steps).", "",
-             f"**Threshold**: held-out pass rate {value:.3f} ({how}).", "",
-             markdown_table(table), "",
-             "Means over seeds. Time and samples to threshold: first evaluation at or above the threshold, "
-             "averaged over the seeds that reached it; samples = step x batch_groups x group_size. "
-             "Samples/s: trained samples / wall-clock time of the last step. Dropped: stale groups / admitted "
-             "groups.", "", "## Configurations", ""]
+    # A hand-written findings.md next to the report (what the figures show) is kept at its top.
+    findings = Path(out_dir) / "findings.md"
+    lines = [f"# Report: {name}", ""] + ([findings.read_text(encoding="utf-8").strip(), ""] if findings.is_file() else [])
+    lines += [f"{len(runs)} run(s) in {len(groups)} configuration(s), read from `{path}`; "
+              f"{sum(not r.complete for r in runs)} incomplete (no `DONE` file and fewer than train.steps steps).", "",
+              f"**Threshold**: held-out pass rate {value:.3f} ({how}).", "",
+              markdown_table(table), "",
+              "Means over seeds. Time and samples to threshold: first evaluation at or above the threshold, "
+              "averaged over the seeds that reached it; samples = step x batch_groups x group_size. "
+              "Samples/s: trained samples / wall-clock time of the last step. Dropped: stale groups / admitted "
+              "groups.", "", "## Configurations", ""]
     lines += [describe(label, groups[label], row, value) for label, (_, row) in zip(groups, table.iterrows())]
+    lines += diagnostics_section(groups)
     lines += ["", "## Figures", ""]
     for fig in figures:
         lines += [f"### {CAPTIONS[fig.name]}", "", f"![{CAPTIONS[fig.name]}]({fig.name})", ""]

@@ -45,6 +45,13 @@ class StepSums:
     updates: int = 0
 
 
+def _combine(key: str, old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """Step statistics add up over micro-batches and updates, except maxima (keys ending in _max)."""
+    if old is None:
+        return new
+    return torch.maximum(old, new) if key.endswith("_max") else old + new
+
+
 class Trainer:
     def __init__(self, model: PreTrainedModel, algo: AlgoConfig, train: TrainConfig, pad_id: int, *,
                  ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None,
@@ -134,9 +141,9 @@ class Trainer:
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             stats.update(loss=loss.detach(), entropy=(entropy * mb.loss_mask).sum(), tokens=mb.loss_mask.sum())
             for key, value in stats.items():
-                step_sums[key] = step_sums.get(key, 0) + value.float()
+                step_sums[key] = _combine(key, step_sums.get(key), value.float())
         for key, value in step_sums.items():  # only a mini-batch that completed counts
-            sums[key] = sums.get(key, 0) + value
+            sums[key] = _combine(key, sums.get(key), value)
 
     def _split_after_oom(self, part: list[MicroBatch]) -> list[MicroBatch]:
         """Out of memory in a micro-batch: halve every micro-batch (and the budget) and retry."""
@@ -194,8 +201,13 @@ class Trainer:
             "skipped_updates": self.skipped_updates,
             "oom_retries": self.oom_retries,
         }
+        out.update(behav_weight_mean=total.pop("behav_weight") / tokens,
+                   behav_weight_max=total.pop("behav_weight_max"),
+                   behav_outside_clip_frac=total.pop("behav_outside_clip") / tokens,
+                   stale_token_frac=total.pop("stale_tokens") / tokens)
         if "capped" in total:
             out["capped_frac"] = total["capped"] / tokens
+            out["capped_neg_frac"] = total["capped_neg"] / tokens  # of those, advantage < 0
         if "dg_gate" in total:
             out["dg_gate_mean"] = total["dg_gate"] / tokens
         return out
