@@ -11,6 +11,10 @@ import torch
 from transformers import PreTrainedModel
 
 from .config import Config
+from .devices import resolve_device  # noqa: F401  (run.py imports it from here)
+from .distributed.reduce import LOCAL, Global
+from .distributed.sharding import shard_policy
+from .distributed.world import World
 from .errors import UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
@@ -20,22 +24,10 @@ from .rewards import RewardService
 from .tasks import PromptRenderer, Task, build_scorer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
+from .trainer.logprobs import TokenLogprobs
 from .weightsync import WeightSync
 
 Log = Callable[[str], None]
-
-
-def resolve_device(name: str, role: str) -> torch.device:
-    """'auto': the generator on cuda:0, the trainer on cuda:1 when there are two GPUs, else both on
-    cuda:0; the CPU when there is no GPU."""
-    if name != "auto":
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
-        return device
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -151,10 +143,17 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
                   compile=g.compile if compile is None else compile, timed=True)
 
 
-def build_trainer(config: Config, models: Models, pad_id: int) -> Trainer:
+def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:
+    """Under torchrun the trainer's model is sharded over the ranks (FSDP2) before the optimizer
+    is built on its shards, and its normalisers and statistics are reduced over them."""
+    policy, collective = TokenLogprobs(models.train), LOCAL
+    if world.distributed:
+        device = next(models.train.parameters()).device
+        shard_policy(policy, models.train, device, models.compute_dtype)
+        collective = Global(device)
     return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
                    autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
-                   loss_constant=config.generation.max_new_tokens)
+                   loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
 
 
 def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
