@@ -135,10 +135,12 @@ def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int,
 
 
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
-                 compile: bool | None = None) -> Engine:
+                 compile: bool | None = None, seed: int | None = None) -> Engine:
+    """`seed`: the sampling seed (default run.seed; each torchrun rank has its own)."""
     g, a = config.generation, config.algo
     return Engine(model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
-                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
+                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
+                  seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
                   compile=g.compile if compile is None else compile, timed=True)
 
