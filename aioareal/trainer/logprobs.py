@@ -25,7 +25,9 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
                       chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden (n, H), targets (n,) -> logp (n,) differentiable, entropy (n,) detached."""
     logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk):
+    # At least one chunk, empty for a micro-batch with no completion token (a rank's filler): the
+    # head still runs, so its gradient exists (zero) on every rank when the shards are reduced.
+    for start in range(0, max(hidden.shape[0], 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logp, h, t, head, temperature, use_reentrant=False)
