@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Callable
 
+from .distributed.env import launched_by_torchrun
 from .errors import guarded
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
                                                          "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
                                                          "bench": bench}
+    if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
+        print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
+              file=sys.stderr)
+        return 2
     try:
         return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong

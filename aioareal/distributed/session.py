@@ -8,7 +8,8 @@ from typing import Iterator
 from ..config import Config
 from ..devices import resolve_device
 from ..errors import RunStopped, UserError
-from .world import World, current, init, is_collective_failure, launched_by_torchrun, rank_error, teardown
+from .env import launched_by_torchrun
+from .world import World, current, init, is_collective_failure, rank_error, teardown
 
 
 @contextlib.contextmanager

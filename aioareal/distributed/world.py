@@ -27,7 +27,6 @@ import torch.distributed as dist
 from ..errors import UserError
 
 T = TypeVar("T")
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class RankError(UserError):
@@ -104,10 +103,6 @@ _current = World()
 def current() -> World:
     """The world of this process (rank 0 of 1 until `init` ran)."""
     return _current
-
-
-def launched_by_torchrun() -> bool:
-    return all(name in os.environ for name in TORCHRUN_VARS)
 
 
 def init(timeout_s: float, backend: str = "auto", device: torch.device | None = None) -> World:
