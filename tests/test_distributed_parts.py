@@ -81,6 +81,7 @@ class Planted:
         return (exec, ("open('PLANTED', 'w').close()",))
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_shard_metadata_is_read_without_running_code_and_non_tensor_entries_are_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     good = tmp_path / "good"

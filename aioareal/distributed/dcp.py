@@ -17,6 +17,7 @@ checkpoint as it was. DCP reshards on load, so a run resumes on another number o
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,10 @@ def restore(path: Path, trainer: Any, engine: Any, world: World, local_batch: in
                         "single-process checkpoint on several ranks is not supported)")
     plain = load_plain(path / "trainer.pt", map_location="cpu")
     model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
-    dcp.load({"model": model_state, "optim": optim_state["state"]}, storage_reader=SafeReader(path / SHARDS),
-             no_dist=not world.distributed)  # one process reads every shard itself
+    with warnings.catch_warnings():  # one process reads every shard itself, as intended: no warning
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": model_state, "optim": optim_state["state"]}, storage_reader=SafeReader(path / SHARDS),
+                 no_dist=not world.distributed)
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_state,
                    optim_state_dict={"state": optim_state["state"],
                                      "param_groups": plain["optimizer"]["param_groups"]})
