@@ -11,6 +11,10 @@ import torch
 from transformers import PreTrainedModel
 
 from .config import Config
+from .devices import resolve_device  # noqa: F401  (run.py imports it from here)
+from .distributed.reduce import LOCAL, Global
+from .distributed.sharding import shard_policy
+from .distributed.world import World
 from .errors import UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
@@ -20,22 +24,10 @@ from .rewards import RewardService
 from .tasks import PromptRenderer, Task, build_scorer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
+from .trainer.logprobs import TokenLogprobs
 from .weightsync import WeightSync
 
 Log = Callable[[str], None]
-
-
-def resolve_device(name: str, role: str) -> torch.device:
-    """'auto': the generator on cuda:0, the trainer on cuda:1 when there are two GPUs, else both on
-    cuda:0; the CPU when there is no GPU."""
-    if name != "auto":
-        device = torch.device(name)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
-        return device
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -143,20 +135,29 @@ def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int,
 
 
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
-                 compile: bool | None = None, timed: bool = True) -> Engine:
+                 compile: bool | None = None, timed: bool = True, seed: int | None = None) -> Engine:
     """The generation engine; `timed` records its phases for the metrics (a benchmark of the
-    engine alone turns that off: on CUDA it costs two events per phase per step)."""
+    engine alone turns that off: on CUDA it costs two events per phase per step); `seed`: the
+    sampling seed (default run.seed; each torchrun rank has its own)."""
     g, a = config.generation, config.algo
     return Engine(model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
-                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens), seed=config.run.seed,
+                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
+                  seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
                   compile=g.compile if compile is None else compile, timed=timed)
 
 
-def build_trainer(config: Config, models: Models, pad_id: int) -> Trainer:
+def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:
+    """Under torchrun the trainer's model is sharded over the ranks (FSDP2) before the optimizer
+    is built on its shards, and its normalisers and statistics are reduced over them."""
+    policy, collective = TokenLogprobs(models.train), LOCAL
+    if world.distributed:
+        device = next(models.train.parameters()).device
+        shard_policy(policy, models.train, device, models.compute_dtype)
+        collective = Global(device)
     return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
                    autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
-                   loss_constant=config.generation.max_new_tokens)
+                   loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
 
 
 def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,

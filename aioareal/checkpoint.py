@@ -25,10 +25,12 @@ from typing import Any, Callable
 
 import torch
 
+from .distributed.safe_dcp import check_shards
 from .io import atomic_write_text
 from .safeload import UnsafeFile, load_plain
 
 PREFIX = "step-"
+SHARDS = "shards"  # torch.distributed.checkpoint's directory in a checkpoint written by several ranks
 
 
 @dataclass
@@ -41,6 +43,13 @@ class RunState:
     ledger: dict[str, int] = field(default_factory=dict)
     reward_failures: int = 0
     config_digest: str = ""
+    # Under torchrun, each rank's own counters (cursor, ledger, reward_failures), in rank order;
+    # the fields above are rank 0's. Empty for a single process (and then not written).
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks) or 1
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -101,6 +110,10 @@ def check_readable(path: Path) -> None:
     load_state(path)
     load_trainer_state(path, torch.device("cpu"))
     load_rng(path)
+    for other in path.glob("rng-rank*.pt"):  # the other ranks' of a checkpoint written under torchrun
+        load_plain(other)
+    if (path / SHARDS).is_dir():  # their model and optimizer shards: metadata safe, files whole
+        check_shards(path / SHARDS)
     weights = sorted((path / "policy").glob("*.safetensors"))
     if not weights:
         raise FileNotFoundError(f"no *.safetensors under {path / 'policy'}")
@@ -134,16 +147,37 @@ def restore_rng(state: dict[str, Any], engine_generator: torch.Generator | None)
 def save(run_dir: Path, state: RunState, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
          rng: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `step-<state.step>` atomically, then drop all but the newest `keep`."""
-    root = checkpoint_dir(run_dir)
-    final = root / f"{PREFIX}{state.step:06d}"
-    tmp = root / f".{final.name}.tmp"
+    tmp = begin(run_dir, state.step)
+    write_policy(tmp, model, tokenizer, trainer_state)
+    torch.save(rng, tmp / "rng.pt")
+    return commit(run_dir, tmp, state, keep)
+
+
+def temp_dir(run_dir: Path, step: int) -> Path:
+    """Where checkpoint `step` is written before `commit` renames it into place."""
+    return checkpoint_dir(run_dir) / f".{PREFIX}{step:06d}.tmp"
+
+
+def begin(run_dir: Path, step: int) -> Path:
+    """An empty temporary directory for checkpoint `step` (what a crash left there is removed)."""
+    tmp = temp_dir(run_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_policy(tmp: Path, model: Any, tokenizer: Any, trainer_state: dict[str, Any]) -> None:
     model.save_pretrained(tmp / "policy", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "policy")
     torch.save(trainer_state, tmp / "trainer.pt")
-    torch.save(rng, tmp / "rng.pt")
-    atomic_write_text(tmp / "state.json", json.dumps(asdict(state), indent=2))
+
+
+def commit(run_dir: Path, tmp: Path, state: RunState, keep: int) -> Path:
+    """Write state.json last, then publish `tmp` under its final name by one rename."""
+    root = checkpoint_dir(run_dir)
+    final = root / f"{PREFIX}{state.step:06d}"
+    fields = {k: v for k, v in asdict(state).items() if k != "ranks" or v}
+    atomic_write_text(tmp / "state.json", json.dumps(fields, indent=2))
     _fsync_tree(tmp)  # contents on disk before the rename publishes them: a power cut leaves no husk
     shutil.rmtree(final, ignore_errors=True)  # a checkpoint of the same step from an earlier attempt
     os.replace(tmp, final)

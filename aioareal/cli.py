@@ -10,7 +10,8 @@ import os
 import sys
 from typing import Callable
 
-from .errors import UserError, guarded
+from .distributed.env import launched_by_torchrun
+from .errors import guarded
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
@@ -23,7 +24,8 @@ def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="training steps")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--run-dir", help="output directory (default runs/<mode>-<objective>-<time>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its latest checkpoint; "
+                   "'auto' continues --run-dir if it holds a run and starts it otherwise (torchrun --max-restarts)")
     p.add_argument("--force", action="store_true", help="with --resume: accept a changed config")
     p.add_argument("--no-dashboard", action="store_true", help="one plain line per step instead of the dashboard")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -49,18 +51,26 @@ def cmd_train(argv: list[str]) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    if args.resume:
-        from .resume import resume
-
-        if args.config:
-            raise UserError("--resume uses the run's own config.yaml; drop --config (overrides are allowed)")
-        resume(args.resume, args.overrides, {k: v for k, v in flags_of(args).items() if k != "run.run_dir"},
-               args.force)
-        return 0
+    """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
+    from .distributed.session import session
+    from .resume import check_unchanged, resume, resume_config, resume_target
     from .run import train
 
-    train(load(args))
+    target = resume_target(args.resume, args.run_dir, args.config)
+    flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
+    config = resume_config(target, args.overrides, flags, args.force) if target else load(args)
+    if target and args.config:  # --resume auto with the config the run was started from
+        check_unchanged(config, load(args), args.force)
+    with session(config) as world:
+        if target:
+            resume(target, args.overrides, flags, args.force, log=print if world.is_main else _quiet)
+        else:
+            train(config)
     return 0
+
+
+def _quiet(*_: object) -> None:
+    pass
 
 
 def cmd_warmup(argv: list[str]) -> int:
@@ -119,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
                                                          "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
                                                          "bench": bench}
+    if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
+        print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
+              file=sys.stderr)
+        return 2
     try:
         return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong

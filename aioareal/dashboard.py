@@ -122,6 +122,8 @@ def _throughput(s: Snapshot, width: int) -> list[Text]:
         _line(("train ", "dim"), f"{s.train_tokens_per_s:>8,.0f} tok/s  ", (bar(train, busy_w), "yellow"),
               f" {train:>4.0%} busy"),
         _line(("samples ", "dim"), f"{s.samples_per_s:.1f}/s"),
+        *([_line(("ranks busy  gen ", "dim"), " ".join(f"{b:.0%}" for b in s.gen_busy_ranks),
+                 ("  ·  train ", "dim"), " ".join(f"{b:.0%}" for b in s.train_busy_ranks))] if s.gen_busy_ranks else []),
         _line(("step s ", "dim"), _phases(s.train_phases, width - 7)),  # seconds per phase, last step
         _line(("gen s  ", "dim"), _phases(s.gen_phases, width - 7)),
         _line(("busy per step, oldest to newest", "dim")),

@@ -54,6 +54,9 @@ class Snapshot:
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
     train_phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last step
     gen_phases: dict[str, float] = field(default_factory=dict)  # generator seconds per phase, same interval
+    world_size: int = 1  # torchrun ranks (cells); their busy fractions in the last step, rank order:
+    gen_busy_ranks: list[float] = field(default_factory=list)
+    train_busy_ranks: list[float] = field(default_factory=list)
 
 
 class LiveState:
@@ -61,9 +64,12 @@ class LiveState:
     STALENESS_BATCHES = 10  # batches in the staleness histogram
 
     def __init__(self, run_name: str, mode: str, max_staleness: int, objective: str, devices: list[torch.device],
-                 steps_total: int) -> None:
+                 steps_total: int, world_size: int = 1) -> None:
+        """`devices`: this process's generator and trainer devices; `world_size`: torchrun ranks."""
+        names = " / ".join(dict.fromkeys(str(d) for d in devices))
         self.base = Snapshot(run_name=run_name, mode=mode, max_staleness=max_staleness, objective=objective,
-                             devices=" / ".join(dict.fromkeys(str(d) for d in devices)), steps_total=steps_total)
+                             devices=names if world_size == 1 else f"{names} on rank 0  ·  {world_size} ranks",
+                             steps_total=steps_total, world_size=world_size)
         self.cuda_devices = [d for d in dict.fromkeys(devices) if d.type == "cuda"]
         self.started = time.monotonic()
         self.last_row: dict[str, Any] = {}
@@ -124,6 +130,7 @@ class LiveState:
         snap.reward_failures = row.get("reward_failures", 0)
         snap.rewards, snap.evals = list(self.rewards), list(self.evals)
         snap.gen_busy, snap.train_busy = list(self.gen_busy), list(self.train_busy)
+        snap.gen_busy_ranks, snap.train_busy_ranks = row.get("gen_busy_ranks", []), row.get("train_busy_ranks", [])
         snap.staleness_hist = dict(sum(self.staleness, Counter()))
         for key, value in self.counters.items():  # trainer/generator version, groups running/ready
             setattr(snap, key, value)

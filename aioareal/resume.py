@@ -14,12 +14,39 @@ from typing import Any, Callable
 
 from . import checkpoint
 from .config import Config, load_config, to_dict
+from .distributed.world import current
 from .errors import UserError
 from .run import train
 
-# Keys a resume may change without --force: they do not change what is being trained.
+# Keys a resume may change without --force: they do not change what is being trained (a sharded
+# checkpoint reshards to another number of ranks, whose count config.yaml only records).
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
-                  "reward.workers", "reward.isolation", "run.run_dir"}
+                  "reward.workers", "reward.isolation", "run.run_dir", "dist.timeout_s", "dist.backend", "dist.world_size"}
+AUTO = "auto"  # --resume auto --run-dir DIR: continue DIR if it holds a run, else start it
+
+
+def resume_target(resume: str | None, run_dir: str | None, config_file: str | None) -> Path | None:
+    """The run directory `--resume` continues, or None for a fresh run. `--resume auto` (for
+    torchrun --max-restarts, which re-runs the same command) resumes `--run-dir` when it holds a
+    run and starts it otherwise; every rank sees the same files here, as no rank writes before all
+    have joined the job."""
+    if resume is None:
+        return None
+    if resume == AUTO:
+        if not run_dir:
+            raise UserError("--resume auto needs --run-dir: the run to continue if it exists, else to start")
+        return Path(run_dir) if (Path(run_dir) / "config.yaml").is_file() else None
+    if config_file:
+        raise UserError("--resume uses the run's own config.yaml; drop --config (overrides are allowed)")
+    return Path(resume)
+
+
+def check_unchanged(saved: Config, given: Config, force: bool) -> None:
+    """`--resume auto` with --config: the file must not have changed what the run trains."""
+    risky = [k for k in changed_keys(saved, given) if k not in SAFE_TO_CHANGE]
+    if risky and not force:
+        raise UserError(f"--resume auto: --config differs from the run's config.yaml in {', '.join(risky)}; "
+                        "pass --force to resume under the run's own config anyway")
 
 
 def changed_keys(before: Config, after: Config) -> list[str]:
@@ -46,6 +73,15 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
            header_fn: Callable[[], str] | None = None) -> Path:
     run_dir = Path(run_dir)
     config = resume_config(run_dir, overrides or [], flags or {}, force)
+    # Under torchrun rank 0 alone reads and tidies the run directory, and tells the others.
+    action, latest = current().main_decides(lambda: _decide(run_dir, config, log))
+    if action == "done":
+        return run_dir
+    return train(config, log, printer, resume_from=latest, header_fn=header_fn)
+
+
+def _decide(run_dir: Path, config: Config, log: Callable[[str], None]) -> tuple[str, Path | None]:
+    """("resume", checkpoint), ("fresh", None) after clearing the outputs, or ("done", None)."""
     latest = checkpoint.latest_readable(run_dir, log)
     if latest is None and checkpoint.broken_checkpoints(run_dir):  # never "start over" past broken ones
         raise UserError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} reads back (each is "
@@ -54,12 +90,12 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
         log(f"{run_dir}: no checkpoint yet, starting it over")
         for name in ("metrics.jsonl", "samples.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
-        return train(config, log, printer, header_fn=header_fn)
+        return "fresh", None
     step = checkpoint.load_state(latest).step
     if step >= config.train.steps:
         # Killed between the last checkpoint and DONE: the run is complete, say so for next time.
         checkpoint.mark_done(run_dir, step)
         log(f"{run_dir}: already finished ({step} steps)")
-        return run_dir
+        return "done", None
     checkpoint.clear_done(run_dir)
-    return train(config, log, printer, resume_from=latest, header_fn=header_fn)
+    return "resume", latest

@@ -21,6 +21,11 @@ from .build import (Prompts, build_data, build_engine, build_evaluator, build_mo
 from .checkpoint import RunState
 from .config import Config, dump_yaml, save_config
 from .dashboard import Dashboard, plain_line, wants_dashboard
+from .distributed import dcp
+from .distributed.cell import QuietLog, build_sharded_evaluator, cell_config, engine_seed, recorded
+from .distributed.hooks import RankHooks, sharded_saver
+from .distributed.sharding import Mirror
+from .distributed.world import World, current
 from .errors import RunStopped, UserError
 from .generation import Engine
 from .hooks import RunHooks, checkpoint_saver
@@ -53,6 +58,8 @@ class Parts:
     tokenizer: Any
     live: LiveState
     resume: RunState | None = None  # the checkpoint's counters when continuing a run
+    world: World = World()  # this rank's place in a torchrun job (rank 0 of 1 for one process)
+    mirror: Mirror | None = None  # under torchrun: the full weights, gathered for evaluation and export
 
     @property
     def start_step(self) -> int:
@@ -60,31 +67,45 @@ class Parts:
 
 
 def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
-          resume_from: Path | None = None) -> Parts:
-    """Build every part of a run from its config; `resume_from` is a checkpoint to continue."""
-    torch.manual_seed(config.run.seed)
+          resume_from: Path | None = None, world: World = World()) -> Parts:
+    """Build every part of a run from its config; `resume_from` is a checkpoint to continue. Under
+    torchrun `config` is this rank's cell's (`cell_config`) and the trainer is sharded."""
+    torch.manual_seed(config.run.seed)  # the same on every rank: random weights start equal
     random.seed(config.run.seed)
-    gen_device = resolve_device(config.rollout.gen_device, "gen")
-    train_device = resolve_device(config.rollout.train_device, "train")
+    slot = (world.local_rank, config.rollout.devices_per_rank) if world.distributed else None
+    gen_device = resolve_device(config.rollout.gen_device, "gen", slot)
+    train_device = resolve_device(config.rollout.train_device, "train", slot)
     data = build_data(config, log)  # data errors surface before any model loads
-    start = model_path(config, log)
+    start = world.main_first(lambda: model_path(config, log))  # rank 0 fills the warm-start cache
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
     models = build_models(config, start, str(resume_from / "policy") if resume_from else start, gen_device,
                           train_device)
+    mirror = Mirror(models.train) if world.distributed else None  # copied before sharding
     eos = eos_token_ids(models.gen, tokenizer)
-    engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts))
-    trainer = build_trainer(config, models, tokenizer.pad_token_id)
+    engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts),
+                          seed=engine_seed(config, world))
+    trainer = build_trainer(config, models, tokenizer.pad_token_id, world)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    evaluator = build_evaluator(config, models.train, prompts.eval_set, data.task, decode, eos)
-    state = checkpoint.restore(resume_from, trainer, engine) if resume_from else None
+    evaluator = (build_sharded_evaluator(config, mirror, trainer, prompts.eval_set, data.task, decode, eos, world)
+                 if mirror else build_evaluator(config, models.train, prompts.eval_set, data.task, decode, eos))
+    state = _restore(resume_from, trainer, engine, world, config) if resume_from else None
     generator, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
     source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],
-                          seed=config.run.seed * 7919 + config.data.shuffle_seed, cursor=state.cursor if state else 0)
+                          seed=config.run.seed * 7919 + config.data.shuffle_seed, cursor=state.cursor if state else 0,
+                          stride=world.size, offset=world.rank)
     live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
-                     [gen_device, train_device], config.train.steps)
+                     [gen_device, train_device], config.train.steps, world.size)
+    run_log = RunLog(run_dir, resume_step=state.step if state else None) if world.is_main else QuietLog()
     return Parts(config, run_dir, engine, generator, trainer_worker, build_rewards(config, data.task, decode),
-                 source, RunLog(run_dir, resume_step=state.step if state else None), tokenizer, live, state)
+                 source, run_log, tokenizer, live, state, world, mirror)
+
+
+def _restore(path: Path, trainer: Any, engine: Engine, world: World, config: Config) -> RunState:
+    """A checkpoint written by several ranks restores through DCP (also on another number of ranks)."""
+    if world.distributed or (path / checkpoint.SHARDS).is_dir():
+        return dcp.restore(path, trainer, engine, world, config.algo.batch_groups)
+    return checkpoint.restore(path, trainer, engine)
 
 
 def _engine_context(config: Config, models: Any, prompts: Prompts) -> int:
@@ -102,8 +123,12 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
         parts.live.refresh()
         printer(report.row)
 
-    save = checkpoint_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
-                            c.run.keep_checkpoints)
+    if parts.mirror is not None:
+        save = sharded_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.mirror, parts.tokenizer,
+                             c.run.keep_checkpoints, parts.world)
+    else:
+        save = checkpoint_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
+                                c.run.keep_checkpoints)
     return RunHooks(parts.log.step, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
                     parts.start_step)
 
@@ -119,17 +144,23 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score,
                                 build_hooks(parts, printer), resume=parts.resume,
                                 score_counters=parts.rewards.stats.metrics)
-    install_stop_signals(orchestrator)
+    stopper: Orchestrator | RankHooks = orchestrator
+    if parts.world.distributed:  # steps reported to all ranks, a stop settled between them (DESIGN rule 7)
+        orchestrator.hooks = stopper = RankHooks(orchestrator.hooks, parts.world, orchestrator.request_stop)
+    install_stop_signals(stopper)
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:
         await orchestrator.run()
     finally:
         refresher.cancel()
+        if stopper is not orchestrator:
+            stopper.close()
     return orchestrator
 
 
-def install_stop_signals(orchestrator: Orchestrator) -> None:
-    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, exit cleanly. Second: exit now."""
+def install_stop_signals(orchestrator: Orchestrator | RankHooks) -> None:
+    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, exit cleanly. Second: exit now.
+    Under torchrun `orchestrator` is the rank's `RankHooks`, which stops every rank after one step."""
     loop = asyncio.get_running_loop()
 
     def stop(signum: int) -> None:
@@ -165,6 +196,10 @@ def cleanup(parts: Parts) -> None:
     parts.log.close()
 
 
+def _quiet(*_: Any) -> None:
+    pass
+
+
 def step_printer(log: Callable[[str], None], steps: int, evals_only: bool) -> Callable[[dict[str, Any]], None]:
     """One plain line per step; above a dashboard (which shows the rest) only evaluation steps."""
     def print_row(row: dict[str, Any]) -> None:
@@ -180,19 +215,28 @@ def check_fresh_run_dir(run_dir: Path) -> None:
                         "or choose another --run-dir")
 
 
+def _run_dir(config: Config, resume_from: Path | None) -> Path:
+    run_dir = Path(config.run.run_dir) if config.run.run_dir else default_run_dir(config)
+    if resume_from is None:
+        check_fresh_run_dir(run_dir)
+    return run_dir
+
+
 def train(config: Config, log: Callable[[str], None] = print,
           printer: Callable[[dict[str, Any]], None] | None = None, resume_from: Path | None = None,
           header_fn: Callable[[], str] | None = None) -> Path:
     """Run a training job to completion (or continue one from a checkpoint); returns the run dir.
     Progress goes to the live dashboard on a terminal, else one plain line per step (`printer`
     replaces both); `header_fn` adds a line above the dashboard (the sweep's progress)."""
-    run_dir = Path(config.run.run_dir) if config.run.run_dir else default_run_dir(config)
-    if resume_from is None:
-        check_fresh_run_dir(run_dir)
+    world = current()
+    if not world.is_main:  # under torchrun rank 0 speaks for all; the others print only errors
+        log, printer = _quiet, _quiet
+    run_dir = world.main_decides(lambda: _run_dir(config, resume_from))  # one directory, one check, for all ranks
     run_dir.mkdir(parents=True, exist_ok=True)
-    log(dump_yaml(config))
-    save_config(config, run_dir / "config.yaml")
-    parts = setup(config, run_dir, log, resume_from)
+    log(dump_yaml(recorded(config, world)))
+    if world.is_main:
+        save_config(recorded(config, world), run_dir / "config.yaml")
+    parts = setup(cell_config(config, world), run_dir, log, resume_from, world)
     if resume_from is not None:
         log(f"resuming {run_dir} from step {parts.start_step}")
     dashboard = printer is None and wants_dashboard(config.run.dashboard)
@@ -204,7 +248,8 @@ def train(config: Config, log: Callable[[str], None] = print,
     finally:
         cleanup(parts)
     if orchestrator.train.version >= config.train.steps:
-        checkpoint.mark_done(run_dir, orchestrator.train.version)
+        if world.is_main:
+            checkpoint.mark_done(run_dir, orchestrator.train.version)
         log(f"run written to {run_dir}")
     elif orchestrator.stop_signal is not None:
         raise RunStopped(f"stopped at step {orchestrator.train.version}; continue with: "

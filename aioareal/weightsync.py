@@ -12,6 +12,10 @@ gives both: a version is all parameters or none, and each side moves at its own 
 one extra copy of the generator's weights in its dtype, and a same-device copy when adopting.
 
 On the CPU the copies are synchronous and streams are no-ops; a lock orders the two threads.
+
+Under torchrun the trainer's parameters are FSDP2 shards (DTensors): `publish` gathers each one
+whole (`full_tensor`, an all-gather on the trainer's stream, every rank in the same order) just
+before its copy, so the gather never holds more than one full parameter beyond the staging buffer.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import threading
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def _stream(device: torch.device) -> torch.cuda.Stream | None:
@@ -38,6 +43,7 @@ class WeightSync:
         self.gen_device = self.dst[0].device
         self.train_device = self.src[0].device
         self.copy_stream = _stream(self.gen_device)
+        self.sharded = any(isinstance(p, DTensor) for p in self.src)
         self.lock = threading.Lock()
         self.published = 0  # version held in staging
         self.applied = 0  # version in the generator's parameters
@@ -52,9 +58,11 @@ class WeightSync:
     def publish(self, version: int) -> None:
         """Trainer side: stage the master weights as `version`. Returns once the copies are enqueued."""
         with self.lock:
-            if self.copy_stream is None:
-                for s, p in zip(self.staging, self.src):
-                    s.copy_(p)
+            if self.copy_stream is None or (self.sharded and self.train_device.type != "cuda"):
+                for s, p in zip(self.staging, self.src):  # synchronous copies
+                    s.copy_(p.full_tensor() if isinstance(p, DTensor) else p)
+            elif self.sharded:
+                self._publish_sharded_cuda()
             else:
                 self._publish_cuda()
             self.published = version
@@ -74,6 +82,24 @@ class WeightSync:
         if self.train_device.type == "cuda":
             # The next optimizer step must not overwrite master weights the copy is still reading.
             torch.cuda.current_stream(self.train_device).wait_event(event)
+
+    def _publish_sharded_cuda(self) -> None:
+        """`_publish_cuda` for shards: gather each parameter on the trainer's stream, then copy it on
+        the copy stream once the gather has landed. The trainer's stream later waits for the copies,
+        so the next optimizer step cannot change a shard while a copy still reads what it gathered."""
+        stream, train_stream = self.copy_stream, torch.cuda.current_stream(self.train_device)
+        if self._applied_event is not None:
+            stream.wait_event(self._applied_event)  # the generator has finished reading the last version
+        for s, p in zip(self.staging, self.src):
+            full = p.full_tensor() if isinstance(p, DTensor) else p  # all-gather, on the trainer's stream
+            stream.wait_stream(train_stream)
+            with torch.cuda.stream(stream):
+                s.copy_(full, non_blocking=True)
+            full.record_stream(stream)  # its memory is not reused before the copy has read it
+        event = torch.cuda.Event()
+        event.record(stream)
+        self._staged_event = event
+        train_stream.wait_event(event)
 
     @property
     def pending(self) -> bool:

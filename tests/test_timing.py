@@ -53,7 +53,7 @@ def test_every_step_row_has_the_train_phases_and_they_add_up_to_the_step(rows):
         assert all(p >= 0 for p in phases)
         step_seconds = row["train_tokens"] / row["train_tokens_per_s"]  # the trainer call's duration
         # The phases are the step, less the thread hand-off and the metrics read-back.
-        assert 0.5 * step_seconds <= sum(phases) <= step_seconds
+        assert 0.3 * step_seconds <= sum(phases) <= step_seconds + 1e-3
         assert row["time_loss"] > row["time_advantages"]  # forward + backward dwarf a (B, G) normalisation
     assert rows[0].get("time_loss") is None  # the step-0 evaluation trains nothing
 

@@ -177,6 +177,8 @@ class RolloutConfig:
                                     "one-step 1, async 2)", None)
     gen_device: str = doc("generator device: auto | cpu | cuda | cuda:N", "auto")
     train_device: str = doc("trainer device: auto | cpu | cuda | cuda:N", "auto")
+    devices_per_rank: int = doc("under torchrun with CUDA and auto devices: GPUs per rank; 1 = generator and trainer "
+                                "share GPU LOCAL_RANK, 2 = generator on GPU 2r, trainer on GPU 2r+1", 1)
 
     def __post_init__(self) -> None:
         if self.max_staleness is None:
@@ -187,6 +189,8 @@ class RolloutConfig:
               f"sync mode trains only fresh samples (K=0), got {k}; use --mode async for K > 0")
         check(self.mode != "one-step" or k == 1, "rollout.max_staleness",
               f"one-step mode overlaps exactly one batch (K=1), got {k}; use --mode async for other K")
+        check(self.devices_per_rank in (1, 2), "rollout.devices_per_rank",
+              f"must be 1 (generator and trainer share a GPU) or 2 (one GPU each), got {self.devices_per_rank}")
 
 
 @dataclass
@@ -236,6 +240,23 @@ class RunConfig:
 
 
 @dataclass
+class DistConfig:
+    """Scale-out under torchrun (ignored without it): one cell per rank, trainers in one FSDP2 group."""
+
+    timeout_s: float = doc("seconds any collective may wait for the other ranks before the run fails naming its "
+                           "rank (a dead or stalled rank must not hang the job); longer than a batch's generation "
+                           "can differ between ranks, and than a checkpoint takes", 300.0)
+    backend: Literal["auto", "nccl", "gloo"] = doc("torch.distributed backend: auto = nccl with CUDA, else gloo",
+                                                   "auto")
+    world_size: int = doc("recorded, not read: the number of ranks the run last ran with (set from torchrun's "
+                          "WORLD_SIZE; 0 for a single process)", 0)
+
+    def __post_init__(self) -> None:
+        check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
+        check(self.world_size >= 0, "dist.world_size", f"must be >= 0, got {self.world_size}")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -248,3 +269,4 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dist: DistConfig = field(default_factory=DistConfig)

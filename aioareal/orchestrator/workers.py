@@ -11,6 +11,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import torch
+
 from ..generation import GroupRequest, GroupResult
 from ..samples import Group
 from ..timing import merge
@@ -47,10 +49,20 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> A
     return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
+def _thread_for(device: torch.device, name: str) -> ThreadPoolExecutor:
+    """One worker thread whose current CUDA device is `device`: the current device is per thread,
+    and code that takes the current stream or device (NCCL, FSDP2, graph capture) must find this
+    side's GPU, not GPU 0, when a torchrun rank's cell sits on other GPUs."""
+    def pin() -> None:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=pin)
+
+
 class EngineWorker:
     def __init__(self, engine: "Engine", sync: "WeightSync") -> None:
         self.engine, self.sync = engine, sync
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generator")
+        self.pool = _thread_for(engine.device, "generator")
         self.phase_seconds: dict[str, float] = {}  # updated on the event loop's thread only
 
     @property
@@ -98,7 +110,7 @@ class EngineWorker:
 class TrainerWorker:
     def __init__(self, trainer: "Trainer", sync: "WeightSync", evaluate: Callable[[], dict[str, float]]) -> None:
         self.trainer, self.sync, self._evaluate = trainer, sync, evaluate
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        self.pool = _thread_for(trainer.device, "trainer")
         self.version = trainer.version  # published version: what admission and staleness count
 
     async def train(self, groups: list[Group]) -> dict[str, float]:

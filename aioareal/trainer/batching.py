@@ -28,10 +28,25 @@ class MicroBatch:
     completion_tokens: int  # tokens the loss is computed on
     prox_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
 
     @property
     def padded_tokens(self) -> int:
         return self.input_ids.numel()
+
+    @property
+    def rows(self) -> int:
+        """Sequences trained on (a filler's placeholder row is none)."""
+        return 0 if self.filler else self.input_ids.shape[0]
+
+    @classmethod
+    def empty(cls, pad_id: int, device: torch.device) -> "MicroBatch":
+        """A filler: one two-token row of padding with no loss token, so its loss and gradient are
+        exactly zero, but its forward and backward take part in the sharded model's collectives."""
+        zeros = torch.zeros(1, 1, device=device)
+        return cls(torch.full((1, 2), pad_id, dtype=torch.long, device=device),
+                   torch.ones(1, 2, dtype=torch.long, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device),
+                   zeros, zeros.clone(), torch.zeros(1, device=device), real_tokens=0, completion_tokens=0, filler=True)
 
     def halves(self) -> list["MicroBatch"]:
         """Split the rows in two (after an out-of-memory error); a single row stays whole."""

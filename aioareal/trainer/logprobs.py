@@ -25,7 +25,9 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
                       chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden (n, H), targets (n,) -> logp (n,) differentiable, entropy (n,) detached."""
     logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk):
+    # At least one chunk, empty for a micro-batch with no completion token (a rank's filler): the
+    # head still runs, so its gradient exists (zero) on every rank when the shards are reduced.
+    for start in range(0, max(hidden.shape[0], 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
         if torch.is_grad_enabled():
             lp, ent = checkpoint(_chunk_logp, h, t, head, temperature, use_reentrant=False)
@@ -50,3 +52,19 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     logp = logp.masked_scatter(loss_mask, logp_flat)
     entropy = entropy.masked_scatter(loss_mask, ent_flat)
     return logp, entropy
+
+
+class TokenLogprobs(torch.nn.Module):
+    """`token_logprobs` of the policy as a module's forward. FSDP2 gathers a unit's parameters in
+    its module's forward hooks, and `token_logprobs` calls the inner model and the LM head
+    directly (to run the head in chunks), never the causal LM's own forward: sharded, this module is
+    the root unit, owning the embeddings, the final norm and the head (tied or not), and the decoder
+    layers are units of their own. One process calls it too, the same computation either way."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.lm = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                temperature: float = 1.0, chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk)

@@ -12,14 +12,16 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from .. import losses
 from ..config import AlgoConfig, TrainConfig
+from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
-from .logprobs import token_logprobs
+from .logprobs import TokenLogprobs, token_logprobs
 from .objective import Totals, micro_loss
 
 
@@ -55,12 +57,17 @@ def _combine(key: str, old: torch.Tensor | None, new: torch.Tensor) -> torch.Ten
 class Trainer:
     def __init__(self, model: PreTrainedModel, algo: AlgoConfig, train: TrainConfig, pad_id: int, *,
                  ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None,
-                 temperature: float = 1.0, loss_constant: float | None = None) -> None:
+                 temperature: float = 1.0, loss_constant: float | None = None,
+                 policy: torch.nn.Module | None = None, collective: Collective = LOCAL) -> None:
         """`temperature` scales logits as the generator's sampling did (generation.temperature);
-        `loss_constant` is Dr. GRPO's fixed length for algo.loss_agg=constant (generation.max_new_tokens)."""
+        `loss_constant` is Dr. GRPO's fixed length for algo.loss_agg=constant (generation.max_new_tokens).
+        Under torchrun `policy` is `model`'s `TokenLogprobs`, sharded by FSDP2 (built here otherwise),
+        and `collective` makes the normalisers and statistics global (nothing to reduce in one process)."""
         if algo.loss_agg == "constant" and loss_constant is None:
             raise ValueError("algo.loss_agg=constant needs loss_constant (generation.max_new_tokens)")
         self.model, self.ref_model, self.algo, self.pad_id = model, ref_model, algo, pad_id
+        self.policy = policy if policy is not None else TokenLogprobs(model)
+        self.collective = collective
         self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
         self.loss_constant = float(loss_constant or 0.0)
         self.device = next(model.parameters()).device
@@ -86,6 +93,9 @@ class Trainer:
 
     def _logprobs(self, model: PreTrainedModel, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
+            if model is self.model:  # through the module: FSDP2 gathers the shards in its hooks
+                return self.policy(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature,
+                                   self.logprob_chunk)
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
                                   self.temperature, self.logprob_chunk)
 
@@ -97,7 +107,17 @@ class Trainer:
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
         budget = self.micro_batch_tokens
-        return [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
+        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
+        return self._even_out(packed)
+
+    def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:
+        """Under torchrun each forward and backward of the sharded model is a collective: every rank
+        runs as many micro-batches per mini-batch as the rank with the most, the others add fillers."""
+        if self.collective.size == 1:
+            return packed
+        most = self.collective.max_(torch.tensor([len(part) for part in packed])).tolist()
+        return [part + [MicroBatch.empty(self.pad_id, self.device) for _ in range(n - len(part))]
+                for part, n in zip(packed, most)]
 
     @torch.no_grad()
     def fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
@@ -111,14 +131,21 @@ class Trainer:
 
     def accumulate(self, part: list[MicroBatch], theta_version: float, step: StepSums) -> None:
         """Forward and backward every micro-batch of a mini-batch (their losses sum to the
-        mini-batch loss); after an out-of-memory error, halve the micro-batches and start over."""
-        totals = Totals(tokens=float(sum(mb.completion_tokens for mb in part)),
-                        seqs=float(sum(mb.input_ids.shape[0] for mb in part)), constant=self.loss_constant)
+        mini-batch loss); after an out-of-memory error, halve the micro-batches and start over.
+        The normalisers are the mini-batch's over all ranks: the ranks' losses add up to the loss
+        of the whole mini-batch, and their gradients are summed (FSDP2 with divide factor 1)."""
+        local = torch.tensor([sum(mb.completion_tokens for mb in part), sum(mb.rows for mb in part)],
+                             dtype=torch.float64)
+        tokens, seqs = self.collective.sum_(local).tolist()
+        totals = Totals(tokens=tokens, seqs=seqs, constant=self.loss_constant)
         while True:
             try:
                 self._accumulate(part, totals, theta_version, step.sums)
                 return
             except torch.cuda.OutOfMemoryError:
+                if self.collective.size > 1:  # one rank cannot re-split alone: the others' collectives wait
+                    raise UserError("out of memory in a micro-batch on one rank; lower train.micro_batch_tokens "
+                                    "or enable model.gradient_checkpointing") from None
                 part = self._split_after_oom(part)
 
     def optimizer_step(self, step: StepSums) -> None:
@@ -126,6 +153,8 @@ class Trainer:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
+        if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
+            norm = norm.full_tensor()
         self._optimizer_step(norm)
         step.norms.append(norm)
         step.updates += 1
@@ -183,11 +212,13 @@ class Trainer:
         """The step's metrics. Reads every device-side sum back at once: the step's one host sync."""
         sums, updates = step.sums, step.updates
         keys = sorted(sums)
+        summed = self.collective.sum_(torch.stack([sums[k] for k in keys]))  # over all ranks
         # Intentional host sync, the step's only one besides the non-finite check per update.
-        values = torch.stack([sums[k] for k in keys] + [torch.stack(step.norms).float().mean()]).tolist()
+        values = torch.cat([summed, torch.stack(step.norms).float().mean()[None]]).tolist()
         total = dict(zip(keys + ["grad_norm"], values))
         tokens = max(total.pop("tokens"), 1.0)
-        mbs = [mb for part in packed for mb in part]
+        mbs = [mb for part in packed for mb in part if not mb.filler]
+        real, padded, count = self._global_counts(mbs)
         out = {
             "loss": total.pop("loss") / updates,  # mean over optimizer updates of the mini-batch loss
             "grad_norm": total.pop("grad_norm"),
@@ -195,9 +226,9 @@ class Trainer:
             "clip_frac": total.pop("clipped") / tokens,
             "kl": total.pop("kl", 0.0) / tokens,
             "lr": self.scheduler.get_last_lr()[0],
-            "train_tokens": sum(mb.real_tokens for mb in mbs),
-            "padding_frac": 1.0 - sum(mb.real_tokens for mb in mbs) / sum(mb.padded_tokens for mb in mbs),
-            "micro_batches": len(mbs),
+            "train_tokens": real,
+            "padding_frac": 1.0 - real / padded,
+            "micro_batches": count,
             "skipped_updates": self.skipped_updates,
             "oom_retries": self.oom_retries,
         }
@@ -212,13 +243,27 @@ class Trainer:
             out["dg_gate_mean"] = total["dg_gate"] / tokens
         return out
 
+    def _global_counts(self, mbs: list[MicroBatch]) -> tuple[int, int, int]:
+        """Tokens, padded tokens and micro-batches of the step, over all ranks."""
+        local = [sum(mb.real_tokens for mb in mbs), sum(mb.padded_tokens for mb in mbs), len(mbs)]
+        if self.collective.size == 1:
+            return local[0], local[1], local[2]
+        real, padded, count = self.collective.sum_(torch.tensor(local, dtype=torch.float64)).tolist()
+        return int(real), int(padded), int(count)
+
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler else None, "version": self.version,
-                "skipped_updates": self.skipped_updates}
+        return {"optimizer": self.optimizer.state_dict(), **self.counters()}
+
+    def counters(self) -> dict:
+        """Everything but the optimizer's state, as plain data (sharded checkpoints save that apart)."""
+        return {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+                "version": self.version, "skipped_updates": self.skipped_updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.load_counters(state)
+
+    def load_counters(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])

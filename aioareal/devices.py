@@ -1,0 +1,29 @@
+"""Which device the generator and the trainer of this process use."""
+from __future__ import annotations
+
+import torch
+
+from .errors import UserError
+
+
+def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = None) -> torch.device:
+    """'auto': the generator on cuda:0, the trainer on cuda:1 when there are two GPUs, else both on
+    cuda:0; the CPU when there is no GPU. Under torchrun `rank_slot` is (LOCAL_RANK,
+    rollout.devices_per_rank): rank r's cell takes GPUs r*d .. r*d+d-1, the generator the first,
+    the trainer the last (the same GPU when d = 1)."""
+    if name != "auto":
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
+        return device
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if rank_slot is not None:
+        local_rank, per_rank = rank_slot
+        index = local_rank * per_rank + (per_rank - 1 if role == "train" else 0)
+        if index >= torch.cuda.device_count():
+            raise UserError(f"rank {local_rank} of this node needs GPU {index} (rollout.devices_per_rank="
+                            f"{per_rank}) but the node has {torch.cuda.device_count()}; start fewer ranks per node "
+                            "(torchrun --nproc-per-node) or lower rollout.devices_per_rank")
+        return torch.device("cuda", index)
+    return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)

@@ -1,0 +1,150 @@
+"""This process's place in a torchrun job, and the few collectives the run itself makes.
+
+torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous
+address in its environment. Without those variables this is the single-process cell: `World()`,
+rank 0 of 1, and torch.distributed is never initialised, so `python -m aioareal` runs exactly as it
+did before scale-out existed.
+
+Two process groups, each used from one thread at a time, in the same order on every rank:
+  - the default group (NCCL on CUDA, gloo on the CPU) carries the trainer's tensors: FSDP2's
+    all-gathers and reduce-scatters, the loss normalisers, the weight gather. Only the trainer's
+    thread uses it once the run has started (startup decisions use it before).
+  - `control`, always gloo, carries Python objects between the event loops (each step's report, the
+    stop decision, checkpoint counters). It runs on its own thread, so a rank waiting for the others
+    never blocks its event loop and its generator keeps going.
+Both are created with `dist.timeout_s`: a collective that waits longer fails instead of hanging.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+T = TypeVar("T")
+
+
+class RankError(UserError):
+    """A collective failed on this rank: another rank died, or stalled past dist.timeout_s. Printed as one
+    line naming the rank (torchrun's summary names the rank that failed first); exit code 4."""
+
+    exit_code = 4
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    timeout_s: float = 300.0
+    control: Any = None  # the gloo group for Python objects; None in a single process
+
+    @property
+    def distributed(self) -> bool:
+        return self.control is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.control)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (pickled over the control group)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def main_decides(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on rank 0 only and hand every rank its result: a decision that reads or changes
+        the run directory (which checkpoint to resume, whether the run exists) is made once, so no two
+        ranks can see the files in different states. A user error on rank 0 is raised on every rank."""
+        if not self.distributed:
+            return fn()
+        box: list[Any] = [None]
+        if self.is_main:
+            try:
+                box[0] = ("ok", fn())
+            except UserError as e:
+                box[0] = ("error", str(e), e.exit_code)
+            except BaseException as e:
+                box[0] = ("error", f"rank 0 failed: {type(e).__name__}: {e}", 1)
+                dist.broadcast_object_list(box, src=0, group=self.control)
+                raise
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        if box[0][0] == "ok":
+            return box[0][1]
+        error = UserError(box[0][1])
+        error.exit_code = box[0][2]
+        raise error
+
+    def main_first(self, fn: Callable[[], T]) -> T:
+        """Rank 0 runs `fn` first (it fills a cache: the tiny model's warm-start), then the others."""
+        if self.is_main:
+            result = fn()
+            self.barrier()
+            return result
+        self.barrier()
+        return fn()
+
+
+_current = World()
+
+
+def current() -> World:
+    """The world of this process (rank 0 of 1 until `init` ran)."""
+    return _current
+
+
+def init(timeout_s: float, backend: str = "auto", device: torch.device | None = None) -> World:
+    """Join the job torchrun started; `device` is this rank's trainer device (NCCL binds to it)."""
+    global _current
+    if backend == "auto":
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    _current = World(dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"]), timeout_s, control)
+    return _current
+
+
+def teardown(clean: bool) -> None:
+    """Leave the job. After a clean run the ranks meet once more, so none exits while another still
+    writes; after a failure they do not (the others may be gone): exiting is enough."""
+    global _current
+    if not _current.distributed:
+        return
+    if clean:
+        _current.barrier()
+        dist.destroy_process_group()
+    _current = World()
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """An error from a collective (a peer gone, a timeout), as opposed to a bug or a user error."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(
+        word in text for word in ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout"))
+
+
+def rank_error(world: World, error: BaseException) -> RankError:
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+    return RankError(f"rank {world.rank} of {world.size}: a collective with the other ranks failed ({first}); "
+                     f"another rank died or stalled longer than dist.timeout_s={world.timeout_s:g} s (torchrun's "
+                     "summary names the rank that failed first). Continue from the last checkpoint with "
+                     "--resume RUN_DIR")
