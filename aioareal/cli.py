@@ -115,10 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(a)
+
+    def simulate(a: list[str]) -> int:  # imported on use, like bench
+        from .simulate.command import main as simulate_main
+
+        return simulate_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
                                                          "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
-                                                         "bench": bench}
+                                                         "bench": bench, "simulate": simulate}
     try:
         return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong

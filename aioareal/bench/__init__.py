@@ -1,9 +1,10 @@
-"""`python -m aioareal bench {gen,train,e2e}`: throughput against the obvious baseline, measured in
+"""`python -m aioareal bench {gen,train,e2e,profile}`: throughput against the obvious baseline, measured in
 the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
 
   gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
   train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory)
   e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
+  profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
 
 Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
 are imported only when their bench runs.
@@ -15,7 +16,8 @@ import importlib
 
 BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
            "train": "train tokens/s and peak memory: chunked vs naive log-probs, packed vs padded",
-           "e2e": "samples/s and s/step of sync, one-step and async on one model"}
+           "e2e": "samples/s and s/step of sync, one-step and async on one model",
+           "profile": "measure a cost profile of this device for `simulate` (JSON)"}
 
 
 def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
@@ -33,7 +35,7 @@ def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aioareal bench", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="bench", required=True, metavar="{gen,train,e2e}")
+    sub = p.add_subparsers(dest="bench", required=True, metavar="{gen,train,e2e,profile}")
     for name, help_text in BENCHES.items():
         module = importlib.import_module(f".{name}", __name__)
         sp = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])
