@@ -2,7 +2,8 @@
 staleness of sync, one-step and async at each K, from a cost profile, on the real orchestrator
 under the virtual clock; a table, one JSON line, and a plot of predicted speedup against K.
 `--against BENCH.jsonl` instead simulates each `bench e2e` line's exact setting (same lengths, same
-steps) and prints prediction against measurement."""
+steps) and prints prediction against measurement. `simulate derive --from BASE --gpu NAME` writes a
+profile derived from BASE for another GPU (aioareal/simulate/gpus.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,10 @@ from typing import Any
 
 from ..errors import UserError, guarded
 from .cell import Topology
+from .gpus import GPUS, derive
 from .lengths import Draw, sampler
 from .profile import Profile, load_profile
+from .published import readme_h100
 from .report import against_rows, print_against, print_table, result_json
 from .runner import Result, Setting, simulate
 
@@ -116,7 +119,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "steps": setting.steps, **result_json(results)}
 
 
+def derive_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m aioareal simulate derive",
+                                description="Write a profile derived from another by bandwidth and FLOPs scaling.")
+    p.add_argument("--from", dest="base", required=True,
+                   help="base profile JSON, or 'readme-h100' (the H100 profile built from README's GPU figures)")
+    p.add_argument("--gpu", required=True, help=f"target GPU: {', '.join(GPUS)}")
+    p.add_argument("--write", required=True, help="where to write the derived profile")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    return p
+
+
+def derive_main(argv: list[str]) -> int:
+    args = derive_parser().parse_args(argv)
+
+    def go() -> int:
+        base = readme_h100() if args.base == "readme-h100" else load_profile(args.base)
+        origin = "README.md (readme-h100)" if args.base == "readme-h100" else args.base
+        profile = base if args.base == "readme-h100" and args.gpu == "h100" else derive(base, args.gpu, origin)
+        profile.save(args.write)
+        print(f"wrote {args.write}: {profile.name} ({profile.kind}, {profile.device})")
+        return 0
+    return guarded(args.debug, go)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["derive"]:
+        return derive_main(argv[1:])
     args = parser().parse_args(argv)
 
     def go() -> int:

@@ -28,6 +28,9 @@ from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
 from .profile import Profile
 
+# Decode steps one `step` call may cover (tests set 1: the reference path, one step per call).
+MAX_DECODE_STEPS_PER_CALL = 1 << 62
+
 
 @dataclass(slots=True)
 class _Seq:
@@ -93,7 +96,7 @@ class ProfiledGenerator:
         finished: list[GroupResult] = []
         setup += self._admit(finished)
         n, span0 = self._shape()
-        k = self.ends[0][0] - self.steps if self.running else 0
+        k = min(self.ends[0][0] - self.steps, MAX_DECODE_STEPS_PER_CALL) if self.running else 0
         planned = (setup + self._decode_s(n, span0, k)) * factor
         loop = asyncio.get_running_loop()
         start = loop.time()
