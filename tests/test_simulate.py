@@ -79,7 +79,7 @@ def test_macro_steps_match_single_decode_steps(mode, k, monkeypatch):
                 publish=0.01, adopt=0.001)
     lengths = length_sampler("gsm8k", 40, 160)
     fast = run(p, mode, k, lengths, steps=12, batch_groups=3, group_size=4)
-    monkeypatch.setattr(workers, "MAX_DECODE_STEPS_PER_CALL", 1)
+    monkeypatch.setattr(workers, "SINGLE_STEPS", True)
     slow = run(p, mode, k, lengths, steps=12, batch_groups=3, group_size=4)
     assert fast.staleness == slow.staleness and fast.interrupted == slow.interrupted
     assert fast.s_per_step == pytest.approx(slow.s_per_step, rel=1e-9)

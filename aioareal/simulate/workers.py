@@ -6,11 +6,13 @@ a decode step over the first max-slot+1 slots attending over the longest live co
 recompute of the running sequences when a version is adopted mid-rollout.
 
 Speed: stepping token by token costs Python work per sequence per step, too slow for thousands of
-training steps. `ProfiledGenerator.step` therefore runs every decode step up to the next sequence
-end in one sleep (their durations add up in closed form); a new version, or the trainer starting or
-stopping on a shared device, cuts that sleep short at the end of the decode step in progress, so
-adoption happens between the same two steps as in the engine. Sequences carry only counters; their
-tokens and per-token versions are written out when they finish.
+training steps. `ProfiledGenerator.step` therefore sleeps once through every decode step up to the
+next moment the orchestrator must see (a group finished, or a group's worth of slots free), their
+durations summed in closed form (decodeplan.py); a new version, or the trainer starting or stopping
+on a shared device, cuts that sleep short at the end of the decode step in progress, so adoption
+happens between the same two steps as in the engine. Sequences carry only counters; their tokens
+and versions are written out when they finish. tests/test_simulate.py checks this fast path
+against one decode step per call.
 """
 from __future__ import annotations
 
@@ -20,16 +22,16 @@ import math
 import random
 from bisect import bisect_right
 from dataclasses import dataclass
-from itertools import count
 from typing import Callable
 
 from ..generation import Completion, GroupRequest, GroupResult
 from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
+from .decodeplan import Segment, plan_seconds, steps_begun
 from .profile import Profile
 
-# Decode steps one `step` call may cover (tests set 1: the reference path, one step per call).
-MAX_DECODE_STEPS_PER_CALL = 1 << 62
+# Tests set this: the reference path, one decode step per `step` call, as the engine does.
+SINGLE_STEPS = False
 
 
 @dataclass(slots=True)
@@ -41,6 +43,7 @@ class _Seq:
     target: int  # forced length
     base: int  # tokens so far = generator.steps - base
     first_step: int  # the decode step during whose call it was admitted (its first token's version)
+    uid: int  # tells apart the sequences one slot holds over time
 
 
 @dataclass(slots=True)
@@ -62,16 +65,22 @@ class ProfiledGenerator:
         self.waiting: list[GroupRequest] = []
         self.free = list(range(slots))  # a min-heap, as the engine's
         self.running: dict[int, _Seq] = {}  # slot -> sequence
-        self.ends: list[tuple[int, int]] = []  # (step at which it ends, slot)
-        self.top_slots: list[int] = []  # max-heap (negated) of running slots, stale entries skipped
-        self.reach: list[tuple[int, int]] = []  # max-heap (negated) of prompt_len - base, with slot
+        self.ends: list[tuple[int, int]] = []  # min-heap: (decode step at which it ends, slot)
+        # Max-heaps (keys negated) of (slot, uid, slot) and (prompt_len - base, uid, slot): the
+        # highest live slot and the longest context; entries of ended sequences are dropped lazily.
+        self.by_slot: list[tuple[int, int, int]] = []
+        self.by_reach: list[tuple[int, int, int]] = []
+        self.admitted = 0  # sequences so far (their uids)
         self.steps = 0  # decode steps so far
         self.versions = [(0, 0)]  # (first decode step, version) at each adoption
         self.interrupted = 0  # decode sleeps cut short by a new version or a contention change
+        self.group_size = slots  # the smallest group submitted: fewer free slots admit nothing
+        self.blank: dict[int, tuple[list[int], list[float]]] = {}  # length -> shared placeholder tokens, logprobs
 
     # -- the GenerationWorker contract -------------------------------------------------------------
     def submit(self, request: GroupRequest) -> None:
         request.lengths = [self.draw(self.rng) for _ in range(request.n)]
+        self.group_size = min(self.group_size, request.n)
         self.waiting.append(request)
         self.device.set_active("gen", True)
 
@@ -87,63 +96,74 @@ class ProfiledGenerator:
         return len(self.running)
 
     async def step(self, adopt: bool) -> list[GroupResult]:
-        """One engine step (adopt, admit + prefill, decode), extended over the decode steps to the
-        next sequence end unless something it depends on changes first."""
+        """One engine step (adopt, admit + prefill, decode), extended over the decode steps up to a
+        moment the orchestrator must see: a group finished, a group's worth of slots is free, or
+        something this worker depends on changed (a new version, the trainer starting or stopping
+        on a shared device; the decode step in progress then completes first)."""
         factor = self.device.factor("gen")
         wake = self.device.wake["gen"]
         wake.clear()  # what happened before this call is already seen by it
         setup = self._adopt() if adopt and self.trainer.version > self.version else 0.0
         finished: list[GroupResult] = []
         setup += self._admit(finished)
-        n, span0 = self._shape()
-        k = min(self.ends[0][0] - self.steps, MAX_DECODE_STEPS_PER_CALL) if self.running else 0
-        planned = (setup + self._decode_s(n, span0, k)) * factor
+        plan = self._plan()
+        steps = sum(seg.steps for seg in plan)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        if await sleep_unless(wake, planned):  # finish the decode step in progress, then return
-            done = self._steps_by((loop.time() - start) / factor - setup, n, span0, k)
+        if await sleep_unless(wake, (setup + plan_seconds(self.p.decode, plan)) * factor):
+            steps = steps_begun(self.p.decode, plan, (loop.time() - start) / factor - setup)
             self.interrupted += 1
-            await asyncio.sleep(max(0.0, start + (setup + self._decode_s(n, span0, done)) * factor - loop.time()))
-            k = done
-        self.phase_seconds["decode"] += self._decode_s(n, span0, k) * factor
-        self._advance(k, finished)
+            end = start + (setup + plan_seconds(self.p.decode, plan, steps)) * factor
+            await asyncio.sleep(max(0.0, end - loop.time()))
+        self.phase_seconds["decode"] += plan_seconds(self.p.decode, plan, steps) * factor
+        self.steps += steps
+        self._finish_due(finished)
         if not self.busy:
             self.device.set_active("gen", False)
         return finished
 
-    # -- costs -------------------------------------------------------------------------------------
-    def _decode_s(self, n: int, span0: int, k: int) -> float:
-        """k decode steps of n slots, the span growing by one each step (the closed-form sum)."""
-        d = self.p.decode
-        return k * (d.a + d.b * n + d.c * n * span0) + d.c * n * k * (k - 1) / 2
-
-    def _steps_by(self, seconds: float, n: int, span0: int, k: int) -> int:
-        """Decode steps begun within `seconds` (at least one: a step always decodes), at most k."""
-        if k <= 1:
-            return k
-        lo, hi = 1, k
-        while lo < hi:  # the first step count whose total reaches `seconds`
-            mid = (lo + hi) // 2
-            if self._decode_s(n, span0, mid) >= seconds:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    def _shape(self) -> tuple[int, int]:
-        """(slots decoded: the highest running slot + 1, attention span of the next decode step)."""
-        while self.top_slots and -self.top_slots[0] not in self.running:
-            heapq.heappop(self.top_slots)
-        while self.reach and not self._reaches(*self.reach[0]):
-            heapq.heappop(self.reach)
+    def _plan(self) -> list[Segment]:
+        """Decode segments from now to the first sequence end that completes a group or frees a
+        group's worth of slots (nothing the orchestrator could do changes before that)."""
         if not self.running:
-            return 0, 0
-        return -self.top_slots[0] + 1, -self.reach[0][0] + self.steps
+            return []
+        gone: set[int] = set()  # slots whose sequences end within the plan
+        left: dict[int, int] = {}  # id(group) -> its sequences still running in the plan
+        free, step, taken, aside, plan = self.free_slots(), self.steps, [], [], []
+        while self.ends:
+            end = self.ends[0][0]
+            plan.append(Segment(1 if SINGLE_STEPS else end - step, self._top(self.by_slot, gone, aside) + 1,
+                                self._top(self.by_reach, gone, aside) + step))
+            if SINGLE_STEPS:
+                break
+            step, done = end, False
+            while self.ends and self.ends[0][0] == end:
+                taken.append(heapq.heappop(self.ends))
+                seq = self.running[taken[-1][1]]
+                gone.add(seq.slot)
+                left[id(seq.group)] = left.get(id(seq.group), seq.group.unfinished) - 1
+                done = done or left[id(seq.group)] == 0
+                free += 1
+            if done or free >= self.group_size:
+                break
+        for entry in taken:  # planning only looked: the sequences end when the decode steps are done
+            heapq.heappush(self.ends, entry)
+        for heap, entry in aside:
+            heapq.heappush(heap, entry)
+        return plan
 
-    def _reaches(self, key: int, slot: int) -> bool:
-        """Whether a `reach` entry is still its slot's sequence (slots are reused)."""
-        seq = self.running.get(slot)
-        return seq is not None and seq.prompt_len - seq.base == -key
+    def _top(self, heap: list[tuple[int, int, int]], gone: set[int], aside: list) -> int:
+        """The largest key (negated in the max-heap) among running sequences not in `gone`; entries
+        of ended sequences are dropped, those of `gone` ones set `aside` for `_plan` to restore."""
+        while True:
+            key, uid, slot = heap[0]
+            seq = self.running.get(slot)
+            if seq is None or seq.uid != uid:
+                heapq.heappop(heap)
+            elif slot in gone:
+                aside.append((heap, heapq.heappop(heap)))
+            else:
+                return -key
 
     def _adopt(self) -> float:
         self.version = self.trainer.version
@@ -151,8 +171,8 @@ class ProfiledGenerator:
         seconds = self.p.adopt_s
         self.phase_seconds["adopt"] += seconds
         if self.running and self.recompute_kv:  # re-prefill prompt + tokens so far of every running sequence
-            _, span = self._shape()
-            recompute = self.p.prefill.seconds(len(self.running), span - 1)
+            longest = self._top(self.by_reach, set(), []) + self.steps - 1
+            recompute = self.p.prefill.seconds(len(self.running), longest)
             self.phase_seconds["recompute_kv"] += recompute
             seconds += recompute
         return seconds
@@ -167,20 +187,17 @@ class ProfiledGenerator:
             prompt_len = len(request.prompt_ids)
             prompts, width = prompts + 1, max(width, prompt_len)
             for i, target in enumerate(request.lengths):
-                seq = _Seq(group, i, heapq.heappop(self.free), prompt_len, target, self.steps - 1, self.steps)
+                seq = _Seq(group, i, heapq.heappop(self.free), prompt_len, target, self.steps - 1, self.steps,
+                           self.admitted)
+                self.admitted += 1
                 self.running[seq.slot] = seq
-                heapq.heappush(self.top_slots, -seq.slot)
-                heapq.heappush(self.reach, (-(prompt_len - seq.base), seq.slot))
                 heapq.heappush(self.ends, (seq.base + target, seq.slot))
+                heapq.heappush(self.by_slot, (-seq.slot, seq.uid, seq.slot))
+                heapq.heappush(self.by_reach, (-(prompt_len - seq.base), seq.uid, seq.slot))
         seconds = self.p.prefill.seconds(prompts, width)
         self.phase_seconds["prefill"] += seconds
         self._finish_due(finished)  # a forced length of 1 ends with the prefill's token
         return seconds
-
-    def _advance(self, k: int, finished: list[GroupResult]) -> None:
-        self.steps += k
-        self.tokens_generated += k * len(self.running)
-        self._finish_due(finished)
 
     def _finish_due(self, finished: list[GroupResult]) -> None:
         while self.ends and self.ends[0][0] <= self.steps:
@@ -193,20 +210,25 @@ class ProfiledGenerator:
                 finished.append(GroupResult(seq.group.request, seq.group.completions))
 
     def _write_out(self, seq: _Seq) -> None:
-        """The completion's tokens, and each token's version: token 1 comes with the prefill (the
-        version of the decode step in the same call), token m >= 2 from decode step first + m - 2."""
+        """The completion's tokens (placeholders, one shared list per length: nothing reads them but
+        their count) and versions: token 1 comes with the prefill (the version of the decode step in
+        the same call), token m >= 2 from decode step first + m - 2. `versions` holds one entry per
+        run of tokens under one version, not one per token: the orchestrator reads only their min
+        and max (staleness, version_min/max), and min() over 200-entry lists per sample per use
+        was a third of the simulation's time."""
         c = seq.group.completions[seq.index]
         length = seq.target
-        c.tokens, c.logprobs, c.finish_reason = [0] * length, [-1.0] * length, "length"
+        self.tokens_generated += length  # counted when a sequence ends (the engine counts each step)
+        if length not in self.blank:
+            self.blank[length] = ([0] * length, [-1.0] * length)
+        c.tokens, c.logprobs = self.blank[length]
+        c.finish_reason = "length"
         first, last = seq.first_step, seq.first_step + length - 2  # decode steps that made tokens 2..length
         i = bisect_right(self.versions, (first, math.inf)) - 1
-        versions = [self.versions[i][1]]
-        step = first
-        while step <= last:
-            end = self.versions[i + 1][0] if i + 1 < len(self.versions) else last + 1
-            versions += [self.versions[i][1]] * (min(end, last + 1) - step)
-            step, i = min(end, last + 1), i + 1
-        c.versions = versions[:length]
+        runs = [self.versions[i][1]]
+        for _, version in self.versions[i + 1:bisect_right(self.versions, (last, math.inf))]:
+            runs.append(version)
+        c.versions = runs
 
 
 class ProfiledTrainer:
