@@ -48,7 +48,8 @@ async def engine_point(worker: EngineWorker, groups: int, size: int, width: int,
     while worker.busy:
         await _step(worker)
     span = width + SKIP + (repeats + 1) / 2  # the mean attention span of the timed steps
-    return [groups * size, span, median(times)], [groups, width, prefill]
+    # The mean, not the median: a run's throughput pays for the slow steps too (a busy machine's).
+    return [groups * size, span, fmean(times)], [groups, width, prefill]
 
 
 async def engine_points(worker: EngineWorker, size: int, slots: int, widths: list[int], repeats: int,
@@ -130,9 +131,9 @@ async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[
     steps = await keep_decoding(worker, size, width, length, lambda n: done.is_set(), vocab, rng)
     train_with = await task
     inside = [e - s for s, e in steps if s >= window[0] and e <= window[1]]
-    decode_alone = median(e - s for s, e in alone)
+    decode_alone = fmean(e - s for s, e in alone)
     return {"train_alone_s": train_alone, "train_with_decode_s": train_with,
-            "decode_alone_s": decode_alone, "decode_with_train_s": median(inside) if inside else decode_alone,
+            "decode_alone_s": decode_alone, "decode_with_train_s": fmean(inside) if inside else decode_alone,
             "decode_steps_inside": len(inside)}
 
 
