@@ -105,7 +105,7 @@ def profile_of(args: argparse.Namespace, m: dict[str, Any], device: torch.device
     c = m["contention"]
     how = (f"train step {c['train_alone_s']:.3f} s alone, {c['train_with_decode_s']:.3f} s while every slot "
            f"decodes; decode step {1e3 * c['decode_alone_s']:.2f} ms alone, {1e3 * c['decode_with_train_s']:.2f} ms "
-           f"while training (median of {c['decode_steps_inside']} steps)")
+           f"while training (mean of {c['decode_steps_inside']} steps)")
     name = args.name or f"{device.type}-{args.model}"
     setup = {k: getattr(args, k) for k in ("batch_groups", "group_size", "prompt_len", "max_new_tokens", "slots",
                                            "micro_batch_tokens", "mean_len", "compile", "cuda_graphs", "threads")}

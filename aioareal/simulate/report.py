@@ -77,10 +77,14 @@ def against_rows(profile: Profile, topology: Topology, path: str) -> list[dict[s
             measured = line[f"{key}_samples_s"]
             rows.append({"length_dist": line["length_dist"], "mean_len": line["mean_len"], "mode": mode, "k": k,
                          "measured_samples_s": measured, "predicted_samples_s": r.samples_per_s,
-                         "error": r.samples_per_s / measured - 1, "measured_gen_idle": line[f"{key}_gen_idle"],
-                         "predicted_gen_idle": r.gen_idle, "measured_train_idle": line[f"{key}_train_idle"],
+                         "error": r.samples_per_s / measured - 1, "measured_gen_idle": line.get(f"{key}_gen_idle"),
+                         "predicted_gen_idle": r.gen_idle, "measured_train_idle": line.get(f"{key}_train_idle"),
                          "predicted_train_idle": r.train_idle})
     return rows
+
+
+def _pair(measured: float | None, predicted: float) -> str:
+    return f"{'-' if measured is None else format(100 * measured, '.0f')}/{100 * predicted:.0f}%"
 
 
 def print_against(profile: Profile, topology: Topology, rows: list[dict[str, Any]]) -> None:
@@ -90,7 +94,14 @@ def print_against(profile: Profile, topology: Topology, rows: list[dict[str, Any
     for r in rows:
         print(f"  {r['length_dist'] + ' ' + format(r['mean_len'], 'g'):<16}{r['mode']:<9}{r['k']:>3}"
               f"{r['measured_samples_s']:>10.2f}{r['predicted_samples_s']:>11.2f}{100 * r['error']:>+7.1f}%"
-              f"{100 * r['measured_gen_idle']:>8.0f}/{100 * r['predicted_gen_idle']:.0f}%"
-              f"{100 * r['measured_train_idle']:>10.0f}/{100 * r['predicted_train_idle']:.0f}%")
+              f"{_pair(r['measured_gen_idle'], r['predicted_gen_idle']):>15}"
+              f"{_pair(r['measured_train_idle'], r['predicted_train_idle']):>17}")
+    for line in sorted({(r["length_dist"], r["mean_len"]) for r in rows}):
+        by_mode = {r["mode"]: r for r in rows if (r["length_dist"], r["mean_len"]) == line}
+        if "sync" in by_mode:
+            ratios = [f"{m}/sync measured {r['measured_samples_s'] / by_mode['sync']['measured_samples_s']:.2f}x, "
+                      f"predicted {r['predicted_samples_s'] / by_mode['sync']['predicted_samples_s']:.2f}x"
+                      for m, r in by_mode.items() if m != "sync"]
+            print(f"  {line[0]} {line[1]:g}: " + "; ".join(ratios))
     worst = max(abs(r["error"]) for r in rows)
     print(f"  largest error {100 * worst:.1f}% (samples/s); m = measured by bench e2e, p = predicted")
