@@ -36,8 +36,10 @@ def test_fit_recovers_coefficients_and_never_goes_negative():
     points = [[n, s, 0.002 + 1e-5 * n + 3e-8 * n * s] for n in (8, 32, 64) for s in (40, 300, 900)]
     d = DecodeCost.fitted(points)
     assert (d.a, d.b, d.c) == pytest.approx((0.002, 1e-5, 3e-8))
-    # y falls with x: the slope would be negative, so it is dropped and the mean is fitted instead.
-    assert fit([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]], [3.0, 2.0, 1.0]) == pytest.approx([2.0, 0.0])
+    # y falls with x: the slope would be negative, so it is dropped and a constant fitted instead,
+    # the one with the least squared relative error: sum(1/y) / sum(1/y^2).
+    constant = (1 / 3 + 1 / 2 + 1) / (1 / 9 + 1 / 4 + 1)
+    assert fit([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]], [3.0, 2.0, 1.0]) == pytest.approx([constant, 0.0])
 
 
 def test_profile_round_trips_and_bad_files_name_the_field(tmp_path):

@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from statistics import fmean, median
+from statistics import fmean
 from typing import Callable
 
 from ..generation import Completion, GroupRequest
@@ -111,12 +111,30 @@ async def keep_decoding(worker: EngineWorker, size: int, width: int, length: int
 
 
 async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[Group], size: int, width: int,
-                     length: int, alone_steps: int, vocab: int, seed: int) -> dict[str, float]:
+                     length: int, alone_steps: int, rounds: int, vocab: int, seed: int) -> dict[str, float]:
     """Train-step time while the generator decodes vs alone, and decode-step time while the trainer
-    trains vs alone: the slowdowns of a single-device cell."""
+    trains vs alone: the slowdowns of a single-device cell. Alone and together alternate for
+    `rounds` rounds, so a change in the machine's speed meanwhile hits both sides of each ratio."""
     rng = random.Random(seed)
-    alone = await keep_decoding(worker, size, width, length, lambda n: n >= alone_steps, vocab, rng)
-    _, train_alone, _ = await train_point(trainer, groups)
+    alone: list[float] = []
+    inside: list[float] = []
+    train_alone = train_with = 0.0
+    for _ in range(rounds):
+        steps = await keep_decoding(worker, size, width, length, lambda n: n >= alone_steps, vocab, rng)
+        alone += [e - s for s, e in steps]
+        train_alone += (await train_point(trainer, groups))[1]
+        seconds, overlapped = await _train_while_decoding(worker, trainer, groups, size, width, length, vocab, rng)
+        train_with += seconds
+        inside += overlapped
+    decode_alone = fmean(alone)
+    return {"train_alone_s": train_alone / rounds, "train_with_decode_s": train_with / rounds,
+            "decode_alone_s": decode_alone, "decode_with_train_s": fmean(inside) if inside else decode_alone,
+            "decode_steps_inside": len(inside)}
+
+
+async def _train_while_decoding(worker: EngineWorker, trainer: TrainerWorker, groups: list[Group], size: int,
+                                width: int, length: int, vocab: int, rng: random.Random) -> tuple[float, list[float]]:
+    """One train step with every slot decoding meanwhile: its seconds, and the decode steps inside it."""
     window: list[float] = []
     done = asyncio.Event()
 
@@ -129,12 +147,8 @@ async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[
 
     task = asyncio.create_task(train())
     steps = await keep_decoding(worker, size, width, length, lambda n: done.is_set(), vocab, rng)
-    train_with = await task
-    inside = [e - s for s, e in steps if s >= window[0] and e <= window[1]]
-    decode_alone = fmean(e - s for s, e in alone)
-    return {"train_alone_s": train_alone, "train_with_decode_s": train_with,
-            "decode_alone_s": decode_alone, "decode_with_train_s": fmean(inside) if inside else decode_alone,
-            "decode_steps_inside": len(inside)}
+    seconds = await task
+    return seconds, [e - s for s, e in steps if s >= window[0] and e <= window[1]]
 
 
 async def reward_seconds(size: int, repeats: int) -> float:

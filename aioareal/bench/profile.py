@@ -33,6 +33,8 @@ from .parts import e2e_config
 # Tokens the profiling engine may generate per sequence: prompts up to the context minus this are
 # allowed, so decode is measured at long spans without generating up to them.
 PROFILE_NEW_TOKENS = 48
+# Alone / together rounds of the contention measurement (it is the noisiest figure on a shared machine).
+CONTENTION_ROUNDS = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,7 +96,7 @@ async def measure(args: argparse.Namespace, gen: Any, trainer: Any, max_len: int
     groups = synthetic_groups(args.batch_groups, size, args.prompt_len, args.mean_len, args.max_new_tokens,
                               trainer.version, vocab, rng)
     shared = await contention(gen, trainer, groups, size, min(args.prompt_len + int(args.mean_len), max_len - 64),
-                              PROFILE_NEW_TOKENS, 3 * args.repeats, vocab, args.seed)
+                              PROFILE_NEW_TOKENS, args.repeats, CONTENTION_ROUNDS, vocab, args.seed)
     reward = await reward_seconds(size, 8)
     return {"engine": engine, "train": train, "publish": median(publish), "adopt": adopt, "contention": shared,
             "reward": reward}
