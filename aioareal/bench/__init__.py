@@ -1,10 +1,11 @@
-"""`python -m aioareal bench {gen,train,e2e,reward}`: throughput against the obvious baseline, measured in
+"""`python -m aioareal bench {gen,train,e2e,reward,profile}`: throughput against the obvious baseline, measured in
 the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
 
   gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
   train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory)
   e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
   reward the GSM8K reward: completions/s in one process, over the worker pool, through the service
+  profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
 
 Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
 are imported only when their bench runs.
@@ -17,7 +18,8 @@ import importlib
 BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
            "train": "train tokens/s and peak memory: chunked vs naive log-probs, packed vs padded",
            "e2e": "samples/s and s/step of sync, one-step and async on one model",
-           "reward": "GSM8K reward completions/s (one process, worker pool, service) and grader agreement"}
+           "reward": "GSM8K reward completions/s (one process, worker pool, service) and grader agreement",
+           "profile": "measure a cost profile of this device for `simulate` (JSON)"}
 
 
 def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:

@@ -10,13 +10,12 @@ fresh model with the same seed (same weights) and the first --warmup-steps steps
 from __future__ import annotations
 
 import argparse
-import random
 from statistics import fmean, median
-from typing import Any, Callable
+from typing import Any
 
 from ..config import DEFAULT_STALENESS
 from ..errors import UserError
-from ..orchestrator.simulated import gsm8k_like_length
+from ..simulate.lengths import length_sampler
 from .harness import environment, model_label, pick_device, pick_dtype, ratio
 from .parts import ModeResult, run_mode
 
@@ -26,29 +25,26 @@ MODES = ("sync", "one-step", "async")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=6, help="timed training steps per mode (default 6)")
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--batch-groups", type=int, default=8, help="prompt groups per step, B (default 8)")
-    p.add_argument("--group-size", type=int, default=8, help="samples per prompt, G (default 8)")
-    p.add_argument("--prompt-len", type=int, default=128, help="random prompt tokens (default 128)")
-    p.add_argument("--max-new-tokens", type=int, default=768, help="completion length cap (default 768)")
     p.add_argument("--length-dist", choices=["gsm8k", "uniform", "fixed"], default="gsm8k",
                    help="completion lengths: gsm8k (lognormal, long tail), uniform [1, 2*mean), fixed (= mean)")
     p.add_argument("--mean-len", type=float, default=200.0, help="mean completion length (default 200)")
     p.add_argument("--max-staleness", type=int, default=2, help="K of async mode (default 2)")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,one-step,async")
+    setup_arguments(p)
+
+
+def setup_arguments(p: argparse.ArgumentParser) -> None:
+    """The run's shape, shared with `bench profile` (a profile records the setting it measured)."""
+    p.add_argument("--batch-groups", type=int, default=8, help="prompt groups per step, B (default 8)")
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt, G (default 8)")
+    p.add_argument("--prompt-len", type=int, default=128, help="random prompt tokens (default 128)")
+    p.add_argument("--max-new-tokens", type=int, default=768, help="completion length cap (default 768)")
     p.add_argument("--slots", type=int, default=0, help="engine slots (default B x G, as a real run)")
     p.add_argument("--micro-batch-tokens", type=int, default=8192, help="trainer token budget (default 8192)")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of sync,one-step,async")
     p.add_argument("--compile", action="store_true",
                    help="compile the engine's decode step with torch.compile (see generation.compile)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA graphs for decode (CUDA only; default on)")
-
-
-def length_sampler(kind: str, mean: float, cap: int) -> Callable[[random.Random], int]:
-    if kind == "gsm8k":
-        return lambda rng: gsm8k_like_length(rng, mean, cap)
-    if kind == "uniform":
-        return lambda rng: max(1, min(cap, rng.randrange(1, max(2, int(2 * mean)))))
-    return lambda rng: max(1, min(cap, int(mean)))
 
 
 def _modes(text: str) -> list[str]:
@@ -91,7 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": str(dtype).replace("torch.", ""), "batch_groups": args.batch_groups, "group_size": args.group_size,
         "slots": args.slots or args.batch_groups * args.group_size, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens, "length_dist": args.length_dist,
         "mean_len": args.mean_len, "max_staleness": args.max_staleness, "steps": args.steps,
-        "warmup_steps": args.warmup_steps}
+        "warmup_steps": args.warmup_steps, "seed": args.seed, "micro_batch_tokens": args.micro_batch_tokens}
     for mode, r in results.items():
         key = mode.replace("-", "_")
         out.update({f"{key}_samples_s": r.samples_per_s, f"{key}_s_per_step": r.s_per_step,

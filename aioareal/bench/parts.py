@@ -75,12 +75,12 @@ class ModeResult:
     staleness_max: int
 
 
-def _config(args: argparse.Namespace, mode: str, k: int) -> Config:
+def e2e_config(args: argparse.Namespace, mode: str, k: int, steps: int) -> Config:
     return Config(algo=AlgoConfig(group_size=args.group_size, batch_groups=args.batch_groups),
                   generation=GenerationConfig(max_new_tokens=args.max_new_tokens, cuda_graphs=args.cuda_graphs,
                                               num_slots=args.slots, temperature=1.0, top_p=1.0),
                   rollout=RolloutConfig(mode=mode, max_staleness=k),
-                  train=TrainConfig(steps=args.warmup_steps + args.steps, micro_batch_tokens=args.micro_batch_tokens),
+                  train=TrainConfig(steps=steps, micro_batch_tokens=args.micro_batch_tokens),
                   run=RunConfig(seed=args.seed))
 
 
@@ -106,7 +106,7 @@ def synthetic_prompts(length: int, vocab: int, seed: int) -> PromptSource:
 
 def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, dtype: torch.dtype,
              draw: Callable[[random.Random], int]) -> ModeResult:
-    config = _config(args, mode, k)
+    config = e2e_config(args, mode, k, args.warmup_steps + args.steps)
     gen, train = build(args, config, device, dtype, draw)
     rewards = random.Random(args.seed + 1)
 

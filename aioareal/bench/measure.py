@@ -1,0 +1,167 @@
+"""The measurements behind `bench profile`, each through the same workers the orchestrator drives
+(`EngineWorker.step`, `TrainerWorker.train`), so thread hand-offs and host bookkeeping are in them."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Callable
+
+from ..generation import Completion, GroupRequest
+from ..orchestrator import EngineWorker, TrainerWorker
+from ..rewards import RewardService
+from ..tasks.scoring import per_item
+from ..samples import Group, Sample
+from ..simulate.lengths import length_sampler
+from ..tasks.base import Example
+from ..tasks.verify import math_equal
+
+# The decode steps measured per point skip this many first (the prefill's step, a warm-up step).
+SKIP = 2
+
+
+@dataclass
+class EnginePoints:
+    decode: list[list[float]]  # [slots decoded, mean span, seconds per step]
+    prefill: list[list[float]]  # [prompts, width, extra seconds of the admission step]
+
+
+async def _step(worker: EngineWorker) -> float:
+    start = time.perf_counter()
+    await worker.step(False)
+    return time.perf_counter() - start
+
+
+async def engine_point(worker: EngineWorker, groups: int, size: int, width: int, repeats: int,
+                       vocab: int, rng: random.Random) -> tuple[list[float], list[float]]:
+    """Admit `groups` prompts of `width` tokens (x `size` samples), time the admission step's
+    prefill and `repeats` decode steps after it; then let the sequences finish."""
+    for g in range(groups):
+        prompt = [rng.randrange(vocab) for _ in range(width)]
+        worker.submit(GroupRequest(g, prompt, size, lengths=[SKIP + repeats + 2] * size))  # end after the timed steps
+    before = dict(worker.phase_seconds)
+    await _step(worker)
+    prefill = sum(worker.phase_seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("admit", "prefill"))
+    await _step(worker)  # warm-up
+    times = [await _step(worker) for _ in range(repeats)]
+    while worker.busy:
+        await _step(worker)
+    span = width + SKIP + (repeats + 1) / 2  # the mean attention span of the timed steps
+    # The mean, not the median: a run's throughput pays for the slow steps too (a busy machine's).
+    return [groups * size, span, fmean(times)], [groups, width, prefill]
+
+
+async def engine_points(worker: EngineWorker, size: int, slots: int, widths: list[int], repeats: int,
+                        vocab: int, seed: int) -> EnginePoints:
+    rng = random.Random(seed)
+    counts = sorted({max(1, slots // size // d) for d in (8, 4, 2, 1)})  # groups admitted at once
+    decode, prefill = [], []
+    for groups in counts:
+        for width in widths:
+            d, p = await engine_point(worker, groups, size, width, repeats, vocab, rng)
+            decode.append(d)
+            prefill.append(p)
+    return EnginePoints(decode, prefill)
+
+
+def synthetic_groups(batch: int, size: int, prompt_len: int, mean: float, cap: int, version: int,
+                     vocab: int, rng: random.Random) -> list[Group]:
+    """B groups of G samples with GSM8K-like lengths, random tokens and random 0/1 rewards."""
+    draw = length_sampler("gsm8k", mean, cap)
+    groups = []
+    for g in range(batch):
+        prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
+        group = Group(g, Example(str(g), "", ""), prompt, version, 0.0)
+        for _ in range(size):
+            n = draw(rng)
+            completion = Completion([rng.randrange(vocab) for _ in range(n)], [-1.0] * n, [version] * n, "length")
+            group.samples.append(Sample(prompt, completion, float(rng.random() < 0.5)))
+        groups.append(group)
+    return groups
+
+
+async def train_point(trainer: TrainerWorker, groups: list[Group]) -> tuple[int, float, float]:
+    """(real tokens, seconds of the step without the publish, seconds of the publish)."""
+    tokens = sum(len(s.prompt_ids) + len(s.tokens) for g in groups for s in g.samples)
+    start = time.perf_counter()
+    metrics = await trainer.train(groups)
+    seconds = time.perf_counter() - start
+    publish = metrics.get("time_publish", 0.0)
+    return tokens, seconds - publish, publish
+
+
+async def keep_decoding(worker: EngineWorker, size: int, width: int, length: int, until: Callable[[int], bool],
+                        vocab: int, rng: random.Random) -> list[tuple[float, float]]:
+    """Decode with every slot busy (a finished group is replaced at once, as async mode does) until
+    `until(steps so far)`; returns each step's (start, end) on the perf_counter clock."""
+    steps: list[tuple[float, float]] = []
+    next_id = 10_000
+    while not until(len(steps)):
+        while worker.free_slots() >= size:
+            prompt = [rng.randrange(vocab) for _ in range(width)]
+            worker.submit(GroupRequest(next_id, prompt, size, lengths=[length] * size))
+            next_id += 1
+        start = time.perf_counter()
+        await worker.step(False)
+        steps.append((start, time.perf_counter()))
+    while worker.busy:
+        await worker.step(False)
+    return steps
+
+
+async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[Group], size: int, width: int,
+                     length: int, alone_steps: int, rounds: int, vocab: int, seed: int) -> dict[str, float]:
+    """Train-step time while the generator decodes vs alone, and decode-step time while the trainer
+    trains vs alone: the slowdowns of a single-device cell. Alone and together alternate for
+    `rounds` rounds, so a change in the machine's speed meanwhile hits both sides of each ratio."""
+    rng = random.Random(seed)
+    alone: list[float] = []
+    inside: list[float] = []
+    train_alone = train_with = 0.0
+    for _ in range(rounds):
+        steps = await keep_decoding(worker, size, width, length, lambda n: n >= alone_steps, vocab, rng)
+        alone += [e - s for s, e in steps]
+        train_alone += (await train_point(trainer, groups))[1]
+        seconds, overlapped = await _train_while_decoding(worker, trainer, groups, size, width, length, vocab, rng)
+        train_with += seconds
+        inside += overlapped
+    decode_alone = fmean(alone)
+    return {"train_alone_s": train_alone / rounds, "train_with_decode_s": train_with / rounds,
+            "decode_alone_s": decode_alone, "decode_with_train_s": fmean(inside) if inside else decode_alone,
+            "decode_steps_inside": len(inside)}
+
+
+async def _train_while_decoding(worker: EngineWorker, trainer: TrainerWorker, groups: list[Group], size: int,
+                                width: int, length: int, vocab: int, rng: random.Random) -> tuple[float, list[float]]:
+    """One train step with every slot decoding meanwhile: its seconds, and the decode steps inside it."""
+    window: list[float] = []
+    done = asyncio.Event()
+
+    async def train() -> float:
+        window.append(time.perf_counter())
+        _, seconds, _ = await train_point(trainer, groups)
+        window.append(time.perf_counter())
+        done.set()
+        return seconds
+
+    task = asyncio.create_task(train())
+    steps = await keep_decoding(worker, size, width, length, lambda n: done.is_set(), vocab, rng)
+    seconds = await task
+    return seconds, [e - s for s, e in steps if s >= window[0] and e <= window[1]]
+
+
+async def reward_seconds(size: int, repeats: int) -> float:
+    """One group's round trip through the reward service scoring GSM8K-style answers (extraction,
+    numeric compare; math-verify where the numbers do not parse)."""
+    texts = ["... so she has 18 eggs left. The answer is \\boxed{18}.", "Total: 3/4 of the cake, \\boxed{\\frac{3}{4}}"]
+    service = RewardService(per_item(lambda text, example: math_equal(example.answer, text)),
+                            decode=lambda ids: texts[ids[0] % len(texts)], workers=4)
+    examples = [Example(str(i), "", "18") for i in range(size)]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await service.score([[i] for i in range(size)], examples)
+        times.append(time.perf_counter() - start)
+    return fmean(sorted(times)[: max(1, repeats // 2)])  # the faster half: thread start-up noise aside
