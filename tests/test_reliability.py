@@ -122,15 +122,18 @@ def test_non_finite_updates_are_skipped_counted_then_stop_the_run(tmp_path, monk
 
 
 def test_out_of_memory_halves_the_micro_batch_and_retries(tmp_path, monkeypatch):
+    import aioareal.trainer.logprobs as logprobs_module
     import aioareal.trainer.trainer as trainer_module
 
-    real = trainer_module.token_logprobs
+    real = logprobs_module.token_logprobs
 
     def picky(model, input_ids, *args, **kwargs):
         if input_ids.shape[0] > 3:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model, input_ids, *args, **kwargs)
 
+    # The policy's forward (logprobs.Policy) and the reference model's path (trainer) both call it.
+    monkeypatch.setattr(logprobs_module, "token_logprobs", picky)
     monkeypatch.setattr(trainer_module, "token_logprobs", picky)
     config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2", "eval.every=0"],
                          flags={"run.run_dir": str(tmp_path / "run")})
