@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps first (default 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reward-s", type=float, help="seconds to score a group (default: the profile's)")
+    p.add_argument("--recompute-kv", action=argparse.BooleanOptionalAction, default=None,
+                   help="recompute running sequences' KV cache on a mid-rollout weight update (default: the "
+                        "config's generation.recompute_kv, else on)")
     p.add_argument("--cells", type=int, default=1, help="cells training one model (all-reduce per step; default 1)")
     p.add_argument("--devices-per-cell", type=int, default=1, choices=[1, 2],
                    help="1: generator and trainer share a device (contention); 2: one each (default 1)")
@@ -72,6 +75,7 @@ def setting_of(args: argparse.Namespace) -> tuple[Setting, int]:
                      max_new_tokens=c.generation.max_new_tokens, slots=c.generation.num_slots)
         recompute = c.generation.recompute_kv
     shape.update({k: v for k in shape if (v := getattr(args, k)) is not None})
+    recompute = recompute if args.recompute_kv is None else args.recompute_kv
     if min(shape["batch_groups"], shape["prompt_len"], shape["max_new_tokens"], args.steps) < 1 or shape["group_size"] < 2:
         raise UserError("--batch-groups, --prompt-len, --max-new-tokens and --steps must be >= 1, --group-size >= 2")
     if args.warmup_steps < 0 or (args.reward_s is not None and args.reward_s < 0):
