@@ -1,9 +1,11 @@
 """Checkpoints: written to a temporary directory and renamed, so a crash leaves the previous one
 intact (DESIGN rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
-as is); optimizer, scheduler, RNG states and the run's counters go beside it.
+as is); optimizer, scheduler, RNG states and the run's counters go beside it. A LoRA run also
+saves its adapter in PEFT format, and `policy/` holds the merged weights (lora.py).
 
     runs/NAME/checkpoints/step-000040/
         policy/         config.json, model.safetensors, tokenizer files
+        adapter/        LoRA runs: adapter_config.json, adapter_model.safetensors (a resume loads these)
         trainer.pt      optimizer, scheduler, loss scaler, version
         rng.pt          python, torch CPU/CUDA and sampling-generator states
         state.json      step, data cursor, group ledger, elapsed time (written last)
@@ -25,10 +27,12 @@ from typing import Any, Callable
 
 import torch
 
+from . import lora
 from .io import atomic_write_text
 from .safeload import UnsafeFile, load_plain
 
 PREFIX = "step-"
+POLICY_DIR, ADAPTER_DIR = "policy", "adapter"
 
 
 @dataclass
@@ -101,9 +105,12 @@ def check_readable(path: Path) -> None:
     load_state(path)
     load_trainer_state(path, torch.device("cpu"))
     load_rng(path)
-    weights = sorted((path / "policy").glob("*.safetensors"))
+    weights = sorted((path / POLICY_DIR).glob("*.safetensors"))
     if not weights:
-        raise FileNotFoundError(f"no *.safetensors under {path / 'policy'}")
+        raise FileNotFoundError(f"no *.safetensors under {path / POLICY_DIR}")
+    if (path / ADAPTER_DIR).exists():
+        lora.check_adapter_dir(path / ADAPTER_DIR)
+        weights.append(path / ADAPTER_DIR / lora.ADAPTER_WEIGHTS)
     for file in weights:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
@@ -139,8 +146,12 @@ def save(run_dir: Path, state: RunState, model: Any, tokenizer: Any, trainer_sta
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "policy", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "policy")
+    if lora.is_lora(model):
+        lora.save_adapter(model, tmp / ADAPTER_DIR)
+        lora.save_merged(model, tmp / POLICY_DIR)
+    else:
+        model.save_pretrained(tmp / POLICY_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(tmp / POLICY_DIR)
     torch.save(trainer_state, tmp / "trainer.pt")
     torch.save(rng, tmp / "rng.pt")
     atomic_write_text(tmp / "state.json", json.dumps(asdict(state), indent=2))

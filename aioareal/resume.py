@@ -19,7 +19,7 @@ from .run import train
 
 # Keys a resume may change without --force: they do not change what is being trained.
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
-                  "reward.workers", "run.run_dir"}
+                  "reward.workers", "run.run_dir", "run.trackers", "run.tracker_project", "run.wandb_mode"}
 
 
 def changed_keys(before: Config, after: Config) -> list[str]:

@@ -9,7 +9,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +31,7 @@ from .orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, Trai
 from .prompts import PromptSource
 from .rewards import RewardService
 from .samples import Group
+from .trackers import TrackerFeed, check_installed, start_trackers
 
 
 def default_run_dir(config: Config) -> Path:
@@ -53,6 +54,7 @@ class Parts:
     tokenizer: Any
     live: LiveState
     resume: RunState | None = None  # the checkpoint's counters when continuing a run
+    trackers: TrackerFeed = field(default_factory=lambda: TrackerFeed({}))  # run.trackers (none: a no-op)
 
     @property
     def start_step(self) -> int:
@@ -64,14 +66,14 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     """Build every part of a run from its config; `resume_from` is a checkpoint to continue."""
     torch.manual_seed(config.run.seed)
     random.seed(config.run.seed)
+    check_installed(config.run.trackers)  # a missing package is an error before anything loads
     gen_device = resolve_device(config.rollout.gen_device, "gen")
     train_device = resolve_device(config.rollout.train_device, "train")
     data = build_data(config, log)  # data errors surface before any model loads
     start = model_path(config, log)
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
-    models = build_models(config, start, str(resume_from / "policy") if resume_from else start, gen_device,
-                          train_device)
+    models = build_models(config, start, resume_from, gen_device, train_device)
     eos = eos_token_ids(models.gen, tokenizer)
     engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts))
     trainer = build_trainer(config, models, tokenizer.pad_token_id)
@@ -84,7 +86,8 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
                      [gen_device, train_device], config.train.steps)
     return Parts(config, run_dir, engine, generator, trainer_worker, build_rewards(config, data.task, decode),
-                 source, RunLog(run_dir, resume_step=state.step if state else None), tokenizer, live, state)
+                 source, RunLog(run_dir, resume_step=state.step if state else None), tokenizer, live, state,
+                 start_trackers(config, run_dir))
 
 
 def _engine_context(config: Config, models: Any, prompts: Prompts) -> int:
@@ -102,9 +105,13 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
         parts.live.refresh()
         printer(report.row)
 
+    def write_row(row: dict[str, Any]) -> None:
+        parts.log.step(row)  # metrics.jsonl, the source of truth
+        parts.trackers.log(row)  # the same row to the trackers' thread (never waits)
+
     save = checkpoint_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
                             c.run.keep_checkpoints)
-    return RunHooks(parts.log.step, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
+    return RunHooks(write_row, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
                     parts.start_step)
 
 
@@ -161,6 +168,7 @@ def cleanup(parts: Parts) -> None:
     parts.generator.close()
     parts.trainer.close()
     parts.rewards.close()
+    parts.trackers.close()
     parts.log.close()
 
 
