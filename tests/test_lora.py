@@ -142,7 +142,12 @@ RUN = ["model.name=random:tiny", "model.lora_rank=8", "model.lora_alpha=16", "al
        "algo.batch_groups=4", "algo.group_size=4", "eval.every=2", "data.eval_size=16", "run.checkpoint_every=2"]
 
 
-def _train(run_dir, steps: int, resume: bool = False) -> list[dict]:
+# Random weights earn no reward on the task; this one rewards odd-length completions, so the
+# advantages, the gradients and the KL to the reference are not all zero.
+REWARD = "def odd(completions, **columns):\n    return [float(len(c) % 2) for c in completions]\n"
+
+
+def _train(run_dir, steps: int, reward: str, resume: bool = False) -> list[dict]:
     from aioareal.resume import resume as resume_run
     from aioareal.run import train
 
@@ -150,16 +155,20 @@ def _train(run_dir, steps: int, resume: bool = False) -> list[dict]:
     if resume:
         resume_run(run_dir, overrides=[f"train.steps={steps}"], **quiet)
     else:
-        train(load_config(overrides=[*RUN, f"train.steps={steps}"], flags={"run.run_dir": str(run_dir)}), **quiet)
+        config = load_config(overrides=[*RUN, f"train.steps={steps}", f"reward.functions={reward}:odd"],
+                             flags={"run.run_dir": str(run_dir)})
+        train(config, **quiet)
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
-    whole = _train(root / "whole", 4)
-    _train(root / "split", 2)
-    split = _train(root / "split", 4, resume=True)
+    (root / "odd.py").write_text(REWARD)
+    reward = str(root / "odd.py")
+    whole = _train(root / "whole", 4, reward)
+    _train(root / "split", 2, reward)
+    split = _train(root / "split", 4, reward, resume=True)
     return root, whole, split
 
 
@@ -168,7 +177,7 @@ def test_a_resumed_lora_run_replays_the_unbroken_one(runs):
     keys = ("step", "version", "reward_mean", "loss", "kl", "grad_norm", "eval_pass_rate")
     assert [r["step"] for r in whole] == [0, 1, 2, 3, 4]
     assert [tuple(r.get(k) for k in keys) for r in split] == [tuple(r.get(k) for k in keys) for r in whole]
-    assert whole[-1]["kl"] > 0
+    assert whole[-1]["kl"] > 0 and 0 < whole[-1]["reward_mean"] < 1
 
 
 def test_checkpoint_holds_a_peft_adapter_and_the_merged_policy(runs):

@@ -42,7 +42,8 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
             expected.setdefault(key, {})[row["step"]] = float(np.float32(value))  # TensorBoard keeps float32
     assert {"reward_mean", "loss", "eval_pass_rate", "time_publish"} <= expected.keys()
     assert logged == expected
-    assert "config" in acc.Tags()["tensors"]  # the resolved config, logged once as text
+    [config] = acc.Tensors("config/text_summary")  # the resolved config, logged once as text
+    assert b"trackers: [tensorboard]" in config.tensor_proto.string_val[0]
 
 
 class _Recorder:
