@@ -86,7 +86,7 @@ class Trackio:
         import trackio
 
         self.run = trackio.init(project=config.run.tracker_project, name=_run_id(run_dir), config=to_dict(config),
-                                resume="allow", embed=False)
+                                resume="allow")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({self.RENAMED.get(k, k): v for k, v in metrics.items()}, step=step)
