@@ -215,3 +215,20 @@ def test_lora_run_keeps_base_and_generator_apart_from_adapters():
     assert isinstance(models.ref, lora.AdaptersOff)  # no second copy of the model
     trainable, total = lora.trainable_parameters(models.train)
     assert 0 < trainable < total / 5
+
+
+@pytest.mark.slow
+def test_a_lora_run_raises_held_out_pass_rate(tmp_path, tiny_model_path):
+    """The warm-started tiny model with rank-16 adapters on every projection (a sixth of its
+    parameters): 0.495 -> 0.845 in 200 steps when written (lr 5e-4; 1e-3 reached 0.80, 2e-3 0.62)."""
+    from aioareal.run import train
+
+    run_dir = tmp_path / "lora"
+    config = load_config(overrides=["train.steps=200", "eval.every=50", "model.lora_rank=16", "model.lora_alpha=32",
+                                    "algo.lr=5e-4"], flags={"run.run_dir": str(run_dir)})
+    train(config, log=lambda *_: None, printer=lambda row: None)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [r["eval_pass_rate"] for r in rows if r.get("eval_pass_rate") is not None]
+    assert len(curve) == 5 and curve[-1] - curve[0] >= 0.15, curve
+    final = run_dir / "checkpoints" / "step-000200"
+    assert (final / "adapter" / "adapter_model.safetensors").is_file() and (final / "policy").is_dir()
