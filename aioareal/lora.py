@@ -20,6 +20,7 @@ peft is imported only when a run asks for LoRA (`model.lora_rank > 0`): it takes
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,12 @@ def wrap(model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None =
     """Freeze `model` and add LoRA adapters: fresh ones (B = 0, so the policy starts as the base),
     or those a checkpoint saved in `adapter_dir`. Returns the PeftModel."""
     peft = _peft()
+    with warnings.catch_warnings():  # peft calls a transformers method transformers has since renamed
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return _wrap(peft, model, config, adapter_dir)
+
+
+def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None) -> Any:
     if adapter_dir is not None:
         return peft.PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=ADAPTER, is_trainable=True)
     present = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
@@ -128,6 +135,13 @@ def trainable_parameters(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def describe(model: nn.Module) -> str:
+    trainable, total = trainable_parameters(model)
+    names = sorted({name.rsplit(".", 1)[-1] for name, _ in adapted_modules(model)})
+    return (f"LoRA: training {trainable:,} of {total:,} parameters ({100 * trainable / total:.1f}%), adapters on "
+            f"{len(adapted_modules(model))} matrices ({', '.join(names)})")
 
 
 def check_adapter_dir(path: Path) -> None:

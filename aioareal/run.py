@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, lora
 from .build import (Prompts, build_data, build_engine, build_evaluator, build_models, build_prompts, build_rewards,
                     build_trainer, build_workers, context_length, model_path, resolve_device)
 from .checkpoint import RunState
@@ -74,6 +74,8 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
     models = build_models(config, start, resume_from, gen_device, train_device)
+    if config.model.lora_rank:
+        log(lora.describe(models.train))
     eos = eos_token_ids(models.gen, tokenizer)
     engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts))
     trainer = build_trainer(config, models, tokenizer.pad_token_id)
