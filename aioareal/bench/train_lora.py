@@ -103,6 +103,10 @@ def run_lora(args: argparse.Namespace, loss: LossFn, make_samples: Callable[[int
     print(f"bench train --lora-rank {args.lora_rank}: {model_label(args.model)} on {device}, {args.samples} samples, "
           f"{len(packed)} packed micro-batches; LoRA trains {trainable:,} of {total:,} parameters", flush=True)
     runs = alternate({"full": lambda: full.update(packed), "lora": lambda: lora.update(packed)}, args.repeats, device)
+    state = {"full": full.state_bytes(), "lora": lora.state_bytes()}
+    for side in (full, lora):  # gradients and optimizer states are not needed to publish: make room for it
+        side.optimizer = None
+        side.model.zero_grad(set_to_none=True)
     gen = build_model(args.model, dtype, device, args.seed).eval()
     publishes, publish_bytes = publish_runs(full, lora, gen)
     pubs = alternate(publishes, args.repeats, device)
@@ -112,9 +116,9 @@ def run_lora(args: argparse.Namespace, loss: LossFn, make_samples: Callable[[int
               "prompt_len": args.prompt_len, "mean_len": args.mean_len, "budget": args.budget,
               "repeats": args.repeats, "micro_batches": len(packed), "trainable_params": trainable,
               "total_params": total}
-    for name, side in (("full", full), ("lora", lora)):
+    for name in ("full", "lora"):
         result[f"{name}_tok_s"] = runs[name][-1].result / median_seconds(runs[name])
-        result[f"{name}_state_gb"] = side.state_bytes() / 1e9
+        result[f"{name}_state_gb"] = state[name] / 1e9
         peak = max_peak(runs[name])
         result[f"{name}_step_peak_gb"] = None if peak is None else peak / 1e9
         result[f"{name}_publish_mb"] = publish_bytes[name] / 1e6
