@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
 
+from . import lora
+from .checkpoint import ADAPTER_DIR, POLICY_DIR
 from .config import Config
 from .devices import resolve_device  # noqa: F401  (run.py imports it from here)
 from .distributed.reduce import LOCAL, Global
@@ -25,6 +28,7 @@ from .tasks import PromptRenderer, Task, build_scorer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
 from .trainer.logprobs import TokenLogprobs
+from .lorasync import LoraSync
 from .weightsync import WeightSync
 
 Log = Callable[[str], None]
@@ -102,14 +106,17 @@ def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int
 class Models:
     gen: PreTrainedModel  # the generator's copy, in the generation dtype
     train: PreTrainedModel  # the fp32 master weights
-    ref: PreTrainedModel | None  # the frozen KL reference (None when algo.kl_coef = 0)
+    ref: PreTrainedModel | lora.AdaptersOff | None  # the frozen KL reference (None when algo.kl_coef = 0)
     compute_dtype: torch.dtype  # the trainer's autocast dtype
 
 
-def build_models(config: Config, start: str, policy: str, gen_device: torch.device,
+def build_models(config: Config, start: str, resume_from: Path | None, gen_device: torch.device,
                  train_device: torch.device) -> Models:
-    """`start` is the policy the run began from (the KL reference); `policy` the weights to train
-    from now (a checkpoint's when resuming, else `start`)."""
+    """`start` is the policy the run began from (the KL reference); `resume_from` a checkpoint
+    whose weights to train from now (else `start`)."""
+    if config.model.lora_rank:
+        return build_lora_models(config, start, resume_from, gen_device, train_device)
+    policy = str(resume_from / POLICY_DIR) if resume_from else start
     trust, pickle = config.model.trust_remote_code, config.model.allow_pickle
     gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust, allow_pickle=pickle)
     train = load_model(policy, torch.float32, train_device, trust, allow_pickle=pickle)
@@ -118,9 +125,32 @@ def build_models(config: Config, start: str, policy: str, gen_device: torch.devi
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
-        source = (load_model(start, compute_dtype, train_device, trust, allow_pickle=pickle) if policy != start
+        source = (load_model(start, compute_dtype, train_device, trust, allow_pickle=pickle) if resume_from
                   else copy.deepcopy(train))
         ref = source.to(compute_dtype).eval().requires_grad_(False)
+    return Models(gen, train, ref, compute_dtype)
+
+
+def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_device: torch.device,
+                      train_device: torch.device) -> Models:
+    """LoRA (lora.py): the base loads once per side, frozen in the compute dtype on the trainer
+    (bf16 on CUDA: no fp32 master of it), with adapters from `resume_from` or fresh ones; the
+    generator holds the base, and the weight sync merges the adapters into it. The KL reference
+    is the same model with its adapters off."""
+    m = config.model
+    adapter = resume_from / ADAPTER_DIR if resume_from else None
+    if adapter is not None and not adapter.is_dir():
+        raise UserError(f"model.lora_rank={m.lora_rank}, but checkpoint {resume_from} holds no {ADAPTER_DIR}/ "
+                        "(a full fine-tuning run wrote it); resume it with model.lora_rank=0")
+    gen = load_model(start, resolve_dtype(m.dtype, gen_device), gen_device, m.trust_remote_code,
+                     allow_pickle=m.allow_pickle)
+    compute_dtype = resolve_dtype(m.train_dtype, train_device)
+    base = load_model(start, compute_dtype, train_device, m.trust_remote_code, allow_pickle=m.allow_pickle)
+    peft_model = lora.wrap(base, m, adapter)
+    train = peft_model.get_base_model()
+    if m.gradient_checkpointing:
+        train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref = lora.AdaptersOff(peft_model) if config.algo.kl_coef > 0 else None
     return Models(gen, train, ref, compute_dtype)
 
 
@@ -164,8 +194,9 @@ def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
                   evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
     them after a resume restored the trainer: they start at its version."""
-    sync = WeightSync(trainer.model, gen_model)
-    sync.set_version(trainer.version)  # both models were loaded from the same weights
+    # With LoRA the generator receives merged weights, only of the adapted matrices (lorasync.py).
+    sync = (LoraSync if lora.is_lora(trainer.model) else WeightSync)(trainer.model, gen_model)
+    sync.set_version(trainer.version)  # both sides now hold the weights of that version
     return EngineWorker(engine, sync), TrainerWorker(trainer, sync, evaluate)
 
 

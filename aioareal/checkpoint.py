@@ -1,9 +1,11 @@
 """Checkpoints: written to a temporary directory and renamed, so a crash leaves the previous one
 intact (DESIGN rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
-as is); optimizer, scheduler, RNG states and the run's counters go beside it.
+as is); optimizer, scheduler, RNG states and the run's counters go beside it. A LoRA run also
+saves its adapter in PEFT format, and `policy/` holds the merged weights (lora.py).
 
     runs/NAME/checkpoints/step-000040/
         policy/         config.json, model.safetensors, tokenizer files
+        adapter/        LoRA runs: adapter_config.json, adapter_model.safetensors (a resume loads these)
         trainer.pt      optimizer, scheduler, loss scaler, version
         rng.pt          python, torch CPU/CUDA and sampling-generator states
         state.json      step, data cursor, group ledger, elapsed time (written last)
@@ -25,12 +27,14 @@ from typing import Any, Callable
 
 import torch
 
+from . import lora
 from .distributed.safe_dcp import check_shards
 from .io import atomic_write_text
 from .safeload import UnsafeFile, load_plain
 
 PREFIX = "step-"
 SHARDS = "shards"  # torch.distributed.checkpoint's directory in a checkpoint written by several ranks
+POLICY_DIR, ADAPTER_DIR = "policy", "adapter"
 
 
 @dataclass
@@ -114,9 +118,12 @@ def check_readable(path: Path) -> None:
         load_plain(other)
     if (path / SHARDS).is_dir():  # their model and optimizer shards: metadata safe, files whole
         check_shards(path / SHARDS)
-    weights = sorted((path / "policy").glob("*.safetensors"))
+    weights = sorted((path / POLICY_DIR).glob("*.safetensors"))
     if not weights:
-        raise FileNotFoundError(f"no *.safetensors under {path / 'policy'}")
+        raise FileNotFoundError(f"no *.safetensors under {path / POLICY_DIR}")
+    if (path / ADAPTER_DIR).exists():
+        lora.check_adapter_dir(path / ADAPTER_DIR)
+        weights.append(path / ADAPTER_DIR / lora.ADAPTER_WEIGHTS)
     for file in weights:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
@@ -167,8 +174,13 @@ def begin(run_dir: Path, step: int) -> Path:
 
 
 def write_policy(tmp: Path, model: Any, tokenizer: Any, trainer_state: dict[str, Any]) -> None:
-    model.save_pretrained(tmp / "policy", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "policy")
+    """The policy in Hugging Face format (merged, with LoRA: plus the adapter in PEFT format)."""
+    if lora.is_lora(model):
+        lora.save_adapter(model, tmp / ADAPTER_DIR)
+        lora.save_merged(model, tmp / POLICY_DIR)
+    else:
+        model.save_pretrained(tmp / POLICY_DIR, safe_serialization=True)
+    tokenizer.save_pretrained(tmp / POLICY_DIR)
     torch.save(trainer_state, tmp / "trainer.pt")
 
 

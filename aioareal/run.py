@@ -9,13 +9,13 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, lora
 from .build import (Prompts, build_data, build_engine, build_evaluator, build_models, build_prompts, build_rewards,
                     build_trainer, build_workers, context_length, model_path, resolve_device)
 from .checkpoint import RunState
@@ -36,6 +36,7 @@ from .orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, Trai
 from .prompts import PromptSource
 from .rewards import RewardService
 from .samples import Group
+from .trackers import TrackerFeed, check_installed, start_trackers
 
 
 def default_run_dir(config: Config) -> Path:
@@ -60,6 +61,7 @@ class Parts:
     resume: RunState | None = None  # the checkpoint's counters when continuing a run
     world: World = World()  # this rank's place in a torchrun job (rank 0 of 1 for one process)
     mirror: Mirror | None = None  # under torchrun: the full weights, gathered for evaluation and export
+    trackers: TrackerFeed = field(default_factory=lambda: TrackerFeed({}))  # run.trackers (none: a no-op)
 
     @property
     def start_step(self) -> int:
@@ -72,6 +74,7 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     torchrun `config` is this rank's cell's (`cell_config`) and the trainer is sharded."""
     torch.manual_seed(config.run.seed)  # the same on every rank: random weights start equal
     random.seed(config.run.seed)
+    check_installed(config.run.trackers)  # a missing package is an error before anything loads
     slot = (world.local_rank, config.rollout.devices_per_rank) if world.distributed else None
     gen_device = resolve_device(config.rollout.gen_device, "gen", slot)
     train_device = resolve_device(config.rollout.train_device, "train", slot)
@@ -79,8 +82,9 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     start = world.main_first(lambda: model_path(config, log))  # rank 0 fills the warm-start cache
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
-    models = build_models(config, start, str(resume_from / "policy") if resume_from else start, gen_device,
-                          train_device)
+    models = build_models(config, start, resume_from, gen_device, train_device)
+    if config.model.lora_rank:
+        log(lora.describe(models.train))
     mirror = Mirror(models.train) if world.distributed else None  # copied before sharding
     eos = eos_token_ids(models.gen, tokenizer)
     engine = build_engine(config, models.gen, eos, _engine_context(config, models, prompts),
@@ -98,7 +102,8 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
                      [gen_device, train_device], config.train.steps, world.size)
     run_log = RunLog(run_dir, resume_step=state.step if state else None) if world.is_main else QuietLog()
     return Parts(config, run_dir, engine, generator, trainer_worker, build_rewards(config, data.task, decode),
-                 source, run_log, tokenizer, live, state, world, mirror)
+                 source, run_log, tokenizer, live, state, world, mirror,
+                 start_trackers(config, run_dir) if world.is_main else TrackerFeed({}))
 
 
 def _restore(path: Path, trainer: Any, engine: Engine, world: World, config: Config) -> RunState:
@@ -123,13 +128,17 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
         parts.live.refresh()
         printer(report.row)
 
+    def write_row(row: dict[str, Any]) -> None:
+        parts.log.step(row)  # metrics.jsonl, the source of truth
+        parts.trackers.log(row)  # the same row to the trackers' thread (never waits)
+
     if parts.mirror is not None:
         save = sharded_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.mirror, parts.tokenizer,
                              c.run.keep_checkpoints, parts.world)
     else:
         save = checkpoint_saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
                                 c.run.keep_checkpoints)
-    return RunHooks(parts.log.step, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
+    return RunHooks(write_row, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
                     parts.start_step)
 
 
@@ -141,20 +150,20 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
 
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups)
+    hooks = build_hooks(parts, printer)
+    # Under torchrun steps are reported to all ranks and a stop is settled between them (DESIGN rule 7).
+    rank_hooks = RankHooks(hooks, parts.world) if parts.world.distributed else None
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score,
-                                build_hooks(parts, printer), resume=parts.resume,
+                                rank_hooks or hooks, resume=parts.resume,
                                 score_counters=parts.rewards.stats.metrics)
-    stopper: Orchestrator | RankHooks = orchestrator
-    if parts.world.distributed:  # steps reported to all ranks, a stop settled between them (DESIGN rule 7)
-        orchestrator.hooks = stopper = RankHooks(orchestrator.hooks, parts.world, orchestrator.request_stop)
-    install_stop_signals(stopper)
+    install_stop_signals(rank_hooks or orchestrator)
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:
         await orchestrator.run()
     finally:
         refresher.cancel()
-        if stopper is not orchestrator:
-            stopper.close()
+        if rank_hooks is not None:
+            rank_hooks.close()
     return orchestrator
 
 
@@ -193,6 +202,7 @@ def cleanup(parts: Parts) -> None:
     parts.generator.close()
     parts.trainer.close()
     parts.rewards.close()
+    parts.trackers.close()
     parts.log.close()
 
 

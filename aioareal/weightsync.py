@@ -30,6 +30,11 @@ def _stream(device: torch.device) -> torch.cuda.Stream | None:
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: a shard is all-gathered (a collective: every rank calls it in turn)."""
+    return p.full_tensor() if isinstance(p, DTensor) else p
+
+
 class WeightSync:
     def __init__(self, trainer_model: nn.Module, generator_model: nn.Module) -> None:
         src = dict(trainer_model.named_parameters())
@@ -38,10 +43,14 @@ class WeightSync:
             missing = sorted(src.keys() ^ dst.keys())[:3]
             raise ValueError(f"trainer and generator models differ in parameters: {missing}")
         self.src = [src[n] for n in src]
-        self.dst = [dst[n] for n in src]
+        self._buffers([dst[n] for n in src], self.src[0].device)
+
+    def _buffers(self, dst: list[torch.Tensor], train_device: torch.device) -> None:
+        """The generator's tensors to write, one staging buffer each, the stream and the versions."""
+        self.dst = dst
         self.staging = [torch.empty_like(p, device=p.device) for p in self.dst]
         self.gen_device = self.dst[0].device
-        self.train_device = self.src[0].device
+        self.train_device = train_device
         self.copy_stream = _stream(self.gen_device)
         self.sharded = any(isinstance(p, DTensor) for p in self.src)
         self.lock = threading.Lock()
@@ -49,6 +58,11 @@ class WeightSync:
         self.applied = 0  # version in the generator's parameters
         self._staged_event: torch.cuda.Event | None = None
         self._applied_event: torch.cuda.Event | None = None
+
+    @property
+    def bytes_per_publish(self) -> int:
+        """Bytes one publish moves into staging (and one adoption out of it)."""
+        return sum(s.numel() * s.element_size() for s in self.staging)
 
     def set_version(self, version: int) -> None:
         """Start (or resume) at `version`, with generator and trainer weights already equal."""
@@ -59,10 +73,7 @@ class WeightSync:
         """Trainer side: stage the master weights as `version`. Returns once the copies are enqueued."""
         with self.lock:
             if self.copy_stream is None or (self.sharded and self.train_device.type != "cuda"):
-                for s, p in zip(self.staging, self.src):  # synchronous copies
-                    s.copy_(p.full_tensor() if isinstance(p, DTensor) else p)
-            elif self.sharded:
-                self._publish_sharded_cuda()
+                self._stage_host()  # synchronous copies
             else:
                 self._publish_cuda()
             self.published = version
@@ -73,9 +84,7 @@ class WeightSync:
             stream.wait_stream(torch.cuda.current_stream(self.train_device))  # the optimizer step has landed
         if self._applied_event is not None:
             stream.wait_event(self._applied_event)  # the generator has finished reading the last version
-        with torch.cuda.stream(stream):
-            for s, p in zip(self.staging, self.src):
-                s.copy_(p, non_blocking=True)  # casts fp32 master -> generator dtype on the way
+        self._stage_cuda(stream)
         event = torch.cuda.Event()
         event.record(stream)
         self._staged_event = event
@@ -83,23 +92,26 @@ class WeightSync:
             # The next optimizer step must not overwrite master weights the copy is still reading.
             torch.cuda.current_stream(self.train_device).wait_event(event)
 
-    def _publish_sharded_cuda(self) -> None:
-        """`_publish_cuda` for shards: gather each parameter on the trainer's stream, then copy it on
-        the copy stream once the gather has landed. The trainer's stream later waits for the copies,
-        so the next optimizer step cannot change a shard while a copy still reads what it gathered."""
-        stream, train_stream = self.copy_stream, torch.cuda.current_stream(self.train_device)
-        if self._applied_event is not None:
-            stream.wait_event(self._applied_event)  # the generator has finished reading the last version
+    def _stage_host(self) -> None:
         for s, p in zip(self.staging, self.src):
-            full = p.full_tensor() if isinstance(p, DTensor) else p  # all-gather, on the trainer's stream
+            s.copy_(_full(p))
+
+    def _stage_cuda(self, stream: torch.cuda.Stream) -> None:
+        if not self.sharded:
+            with torch.cuda.stream(stream):
+                for s, p in zip(self.staging, self.src):
+                    s.copy_(p, non_blocking=True)  # casts fp32 master -> generator dtype on the way
+            return
+        # Shards: gather each parameter on the trainer's stream, then copy it on the copy stream once
+        # the gather has landed; `_publish_cuda` then makes the trainer's stream wait for the copies,
+        # so the next optimizer step cannot change a shard while a copy still reads what it gathered.
+        train_stream = torch.cuda.current_stream(self.train_device)
+        for s, p in zip(self.staging, self.src):
+            full = _full(p)
             stream.wait_stream(train_stream)
             with torch.cuda.stream(stream):
                 s.copy_(full, non_blocking=True)
             full.record_stream(stream)  # its memory is not reused before the copy has read it
-        event = torch.cuda.Event()
-        event.record(stream)
-        self._staged_event = event
-        train_stream.wait_event(event)
 
     @property
     def pending(self) -> bool:
@@ -112,17 +124,21 @@ class WeightSync:
         with self.lock:
             if not self.pending:
                 return self.applied, None
-            if stream is None or self.gen_device.type != "cuda":
-                for d, s in zip(self.dst, self.staging):
-                    d.copy_(s)
-                self.applied = self.published
-                return self.applied, None
-            stream.wait_event(self._staged_event)
-            with torch.cuda.stream(stream):
-                for d, s in zip(self.dst, self.staging):
-                    d.copy_(s, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-            self._applied_event = done
+            done = self._copy_out(stream)
             self.applied = self.published
             return self.applied, done
+
+    def _copy_out(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
+        """Staging -> the generator's tensors, in place; on CUDA on `stream`, once staging has landed."""
+        if stream is None or self.gen_device.type != "cuda":
+            for d, s in zip(self.dst, self.staging):
+                d.copy_(s)
+            return None
+        stream.wait_event(self._staged_event)
+        with torch.cuda.stream(stream):
+            for d, s in zip(self.dst, self.staging):
+                d.copy_(s, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        self._applied_event = done
+        return done

@@ -47,7 +47,7 @@ def global_batch(groups: int = 4, size: int = 4) -> list[Group]:
 
 def one_step(world: worlds.World, device: torch.device) -> dict:
     config = load_config(overrides=OVERRIDES)
-    models = build_models(config, config.model.name, config.model.name, device, device)
+    models = build_models(config, config.model.name, None, device, device)
     trainer = build_trainer(config, models, pad_id=0, world=world)
     fillers = []
     pack = trainer.pack

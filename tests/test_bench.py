@@ -56,6 +56,24 @@ def test_train_reports_padding_and_memory(capsys, tmp_path):
     assert r["chunked_logits_gb"] < r["naive_logits_gb"]
 
 
+def test_train_lora_against_full_fine_tuning(capsys, tmp_path):
+    pytest.importorskip("peft")
+    r = run_bench(capsys, tmp_path, "train", "--lora-rank", "4", "--samples", "4", "--prompt-len", "4",
+                  "--mean-len", "8", "--max-len", "16", "--budget", "128", "--chunk", "8", "--repeats", "1")
+    assert r["variant"] == "lora_vs_full" and r["lora_rank"] == 4 and r["lora_alpha"] == 8.0
+    # tiny: 804,992 parameters in 50 tensors; rank-4 adapters on its 28 projections: 4 layers x 4 x
+    # (q 128+128, k 128+64, v 128+64, o 128+128, gate 128+384, up 128+384, down 384+128) = 38,912.
+    base, n = 804_992, 38_912
+    assert (r["trainable_params"], r["total_params"]) == (n, base + n)
+    # Full: fp32 weights, gradients, Adam's two moments (+ a 4-byte step per tensor), an fp32
+    # reference on the CPU. LoRA: the fp32 base once; gradients and moments of the adapters only.
+    assert r["full_state_gb"] * 1e9 == pytest.approx(base * (4 + 4 + 8 + 4) + 50 * 4)
+    assert r["lora_state_gb"] * 1e9 == pytest.approx(base * 4 + n * (4 + 4 + 8) + 56 * 4)
+    # Publish: every parameter vs the 28 merged projections (4 layers x 196,608 fp32 numbers).
+    assert (r["full_publish_mb"] * 1e6, r["lora_publish_mb"] * 1e6) == pytest.approx((base * 4, 4 * 196_608 * 4))
+    assert r["lora_vs_full_tok_s"] == pytest.approx(r["lora_tok_s"] / r["full_tok_s"])
+
+
 def test_padded_baseline_keeps_arrival_order_within_the_token_budget():
     from aioareal.bench.train import padded_groups, synthetic_samples
 

@@ -7,6 +7,9 @@ each against its naive baseline, on the same model and the same synthetic sample
   (b) packed micro-batches (trainer/batching.pack: sorted by length, cut by a token budget) vs
       padded (one big batch padded to its longest row), both with chunked log-probs.
 
+With `--lora-rank R` it compares LoRA against full fine-tuning instead (train_lora.py): tokens/s,
+trainer state memory and the weight sync's bytes per publish.
+
 Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory is torch's peak allocation
 on CUDA; on the CPU it cannot be measured cleanly, so the bench reports the analytic size of the
 largest fp32 logits tensor each variant materialises (and says so). CUDA peaks exclude the weights.
@@ -29,6 +32,7 @@ from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.logprobs import token_logprobs
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
                       pick_device, pick_dtype, ratio)
+from .train_lora import run_lora
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
 
@@ -44,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rows per padded micro-batch, in arrival order (default 0: as many as fit the token "
                         "budget once padded, as a trainer with no packing would do)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round (default 3)")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="compare LoRA of this rank against full fine-tuning instead (needs peft; default 0: off)")
+    p.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
 
 
 def synthetic_samples(n: int, prompt_len: int, mean: float, cap: int, vocab: int, seed: int) -> list[Sample]:
@@ -118,6 +125,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("samples", "prompt_len", "max_len", "budget", "chunk", "repeats"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.lora_rank < 0:
+        raise UserError(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    if args.lora_rank:
+        return run_lora(args, chunked_loss(args.chunk), lambda vocab: synthetic_samples(
+            args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed))
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     autocast = dtype if device.type == "cuda" and dtype != torch.float32 else None

@@ -24,6 +24,11 @@ def check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
+# Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
 @dataclass
 class ModelConfig:
     name: str = doc("'tiny' (offline Qwen2-architecture model, warm-started) or a hub name / local path", "tiny")
@@ -36,6 +41,19 @@ class ModelConfig:
                                   "tokenizer classes: only for a model you trust", False)
     allow_pickle: bool = doc("load pickle weights (*.bin) when a model has no safetensors; unpickling can run "
                              "code hidden in the file: only for a model you trust", False)
+    lora_rank: int = doc("LoRA rank r (peft, extra aioareal[lora]): train only rank-r adapters on model.lora_targets; "
+                         "0 = full fine-tuning", 0)
+    lora_alpha: float = doc("LoRA scale numerator: the update is (lora_alpha / lora_rank) * B @ A", 32.0)
+    lora_dropout: float = doc("dropout on the adapters' input while training (0 keeps the trainer's log-probs "
+                              "equal to the generator's)", 0.0)
+    lora_targets: list[str] = doc("module names that get adapters (the attention and MLP projections)", list(LORA_TARGETS))
+
+    def __post_init__(self) -> None:
+        check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        check(self.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        check(0 <= self.lora_dropout < 1, "model.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        check(self.lora_rank == 0 or bool(self.lora_targets), "model.lora_targets",
+              "must name at least one module when model.lora_rank > 0, e.g. q_proj,v_proj")
 
 
 @dataclass
@@ -233,8 +251,17 @@ class RunConfig:
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
+    trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
+                              "(comma-separated; empty = none)", [])
+    tracker_project: str = doc("project name in W&B and trackio", "aioareal")
+    wandb_mode: Literal["offline", "online"] = doc("W&B mode: offline writes runs/NAME/wandb (upload later with "
+                                                   "`wandb sync`); online needs `wandb login`", "offline")
 
     def __post_init__(self) -> None:
+        unknown = [t for t in self.trackers if t not in TRACKERS]
+        check(not unknown, "run.trackers", f"unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}"
+              if unknown else "")
+        check(len(set(self.trackers)) == len(self.trackers), "run.trackers", f"names a tracker twice: {self.trackers}")
         check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 

@@ -4,8 +4,8 @@
 so the event loop and the generator keep going while a rank waits for the others), merges the rows
 into the global one that rank 0 writes and shows, adds every rank's counters to the checkpoint
 state, and settles a stop: a Ctrl-C or SIGTERM on any rank stops every rank after the same step.
-The signal handler only notes the request (`request_stop`); the ranks act on it together here,
-because a rank that left the loop on its own while another started the next step would leave that
+The signal handler only notes the request (`request_stop`); the ranks act on it together here
+(`on_step` returns the signal to every rank's orchestrator, which stops after that step), because a rank that left the loop on its own while another started the next step would leave that
 one waiting in a collective.
 """
 from __future__ import annotations
@@ -28,9 +28,8 @@ COUNTERS = ("cursor", "ledger", "reward_failures")  # what each rank's checkpoin
 
 
 class RankHooks:
-    def __init__(self, inner: Hooks, world: World, stop: Callable[[int], None]) -> None:
-        """`stop(signum)`: the orchestrator's request_stop, called on every rank at once."""
-        self.inner, self.world, self.stop = inner, world, stop
+    def __init__(self, inner: Hooks, world: World) -> None:
+        self.inner, self.world = inner, world
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="control")
         self.signal: int | None = None  # a stop asked on this rank, not yet acted on
 
@@ -47,15 +46,15 @@ class RankHooks:
     def _with_ranks(self, state: RunState, states: list[dict[str, Any]]) -> RunState:
         return dataclasses.replace(state, ranks=[{k: s[k] for k in COUNTERS} for s in states])
 
-    async def on_step(self, report: StepReport) -> None:
+    async def on_step(self, report: StepReport) -> int | None:
+        """Returns the stop signal of the first rank that was asked to stop (the same on every rank)."""
         gathered = await self._gather((report.row, report.samples, dataclasses.asdict(report.state), self.signal))
         signals = [g[3] for g in gathered if g[3] is not None]
-        if signals:
-            self.stop(signals[0])
         rows, samples, states = [g[0] for g in gathered], [g[1] for g in gathered], [g[2] for g in gathered]
         merged = StepReport(report.step, merge_rows(rows), merge_samples(samples), report.groups,
                             self._with_ranks(report.state, states))
         await self.inner.on_step(merged)
+        return signals[0] if signals else None
 
     async def on_stop(self, state: RunState) -> None:
         states = await self._gather(dataclasses.asdict(state))

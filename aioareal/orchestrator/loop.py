@@ -43,9 +43,11 @@ class Schedule:
 
 
 class Hooks(Protocol):
-    """What the run does with each step's report (write rows, show, checkpoint) and at a stop."""
+    """What the run does with each step's report (write rows, show, checkpoint) and at a stop.
+    `on_step` may return a signal number: stop after this step as if that signal had arrived (under
+    torchrun, a stop that another rank was asked for)."""
 
-    async def on_step(self, report: StepReport) -> None: ...
+    async def on_step(self, report: StepReport) -> int | None: ...
     async def on_stop(self, state: RunState) -> None: ...
 
 
@@ -118,7 +120,7 @@ class Orchestrator:
         if self.start_version == 0:  # step 0: the policy before any update
             metrics = await self._timed("train", self.train.evaluate())
             row = {"step": 0, "version": 0, "time": self.now(), **metrics}
-            await self.hooks.on_step(StepReport(0, row, [], [], self.state(0)))
+            await self._report(StepReport(0, row, [], [], self.state(0)))
         tasks = [asyncio.create_task(self._generate(), name="generator"),
                  asyncio.create_task(self._train(), name="trainer")]
         try:
@@ -137,6 +139,11 @@ class Orchestrator:
             for task in [*tasks, *self._finishing, self._failure]:
                 task.cancel()
             await asyncio.gather(*tasks, *self._finishing, return_exceptions=True)
+
+    async def _report(self, report: StepReport) -> None:
+        signum = await self.hooks.on_step(report)
+        if signum is not None:
+            self.request_stop(signum)
 
     def request_stop(self, signum: int = 2) -> None:
         """Finish the current training step, then stop (`signum`: the signal that asked, SIGINT=2)."""
@@ -268,7 +275,7 @@ class Orchestrator:
                            self._counters(dropped))
             before = now
             samples = sample_rows(step, trained_version, groups, now.time)
-            await self.hooks.on_step(StepReport(step, row, samples, groups, self.state(step)))
+            await self._report(StepReport(step, row, samples, groups, self.state(step)))
             self._wake.set()
         if self.stop_requested and self.train.version < self.s.steps:
             await self.hooks.on_stop(self.state(self.train.version))

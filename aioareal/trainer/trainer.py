@@ -71,9 +71,11 @@ class Trainer:
         self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
         self.loss_constant = float(loss_constant or 0.0)
         self.device = next(model.parameters()).device
+        # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.autocast_dtype = autocast_dtype if self.device.type == "cuda" else None
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
+            self.params, lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
             weight_decay=self.algo.weight_decay, fused=self.device.type == "cuda")
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -152,7 +154,7 @@ class Trainer:
         """Clip the accumulated gradients and step the optimizer (a non-finite norm skips it)."""
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        norm = losses.grad_norm_clip(self.model.parameters(), self.algo.grad_clip)
+        norm = losses.grad_norm_clip(self.params, self.algo.grad_clip)
         if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
             norm = norm.full_tensor()
         self._optimizer_step(norm)

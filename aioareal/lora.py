@@ -1,0 +1,152 @@
+"""LoRA training through peft (extra `aioareal[lora]`): only rank-r adapters train, the base stays frozen.
+
+Where each part of the run sees the adapters:
+
+- **Trainer**: `wrap` injects peft's LoRA layers into the Hugging Face model and freezes the rest;
+  the trainer keeps the injected HF model (`PeftModel.get_base_model()`), so its forward, the
+  chunked log-probs and the evaluator's engine run unchanged, and the optimizer holds only the
+  adapters. On CUDA the frozen base stays in the compute dtype (bf16): there is no fp32 master
+  copy of it, no gradient and no Adam state, only the adapters (fp32, peft's default).
+- **KL reference**: `AdaptersOff`, the same modules with the adapters switched off for the
+  reference's forward (`PeftModel.disable_adapter`): the frozen base, with no second copy.
+- **Generator**: never runs peft. `LoraSync` (lorasync.py) merges `W + (alpha/r) * B @ A` per
+  adapted matrix on the trainer's side (`merged_weight`) and copies it into the engine's own
+  weights in place; the other parameters never change after the start.
+- **Checkpoints**: `save_adapter` writes the adapter in PEFT format (`adapter/`, loads with
+  `PeftModel.from_pretrained(base, path)`); `save_merged` writes the merged policy as a plain HF
+  model (`policy/`, as full fine-tuning does). A resume loads the base plus `adapter/`.
+
+peft is imported only when a run asks for LoRA (`model.lora_rank > 0`): it takes seconds to import.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from .config import ModelConfig
+from .errors import UserError
+
+ADAPTER = "default"  # peft's name for the one adapter a run trains
+ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+PEFT_PREFIX = "base_model.model."  # where PeftModel keeps the HF model: its adapter files use these names
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise UserError("model.lora_rank > 0 needs the 'peft' package: pip install 'aioareal[lora]'") from None
+    return peft
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether `model` carries peft adapters (peft copies its config onto the injected model)."""
+    return bool(getattr(model, "peft_config", None))
+
+
+def wrap(model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None = None) -> Any:
+    """Freeze `model` and add LoRA adapters: fresh ones (B = 0, so the policy starts as the base),
+    or those a checkpoint saved in `adapter_dir`. Returns the PeftModel."""
+    peft = _peft()
+    with warnings.catch_warnings():  # peft calls a transformers method transformers has since renamed
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return _wrap(peft, model, config, adapter_dir)
+
+
+def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None) -> Any:
+    if adapter_dir is not None:
+        return peft.PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=ADAPTER, is_trainable=True)
+    present = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    missing = [t for t in config.lora_targets if t not in present]
+    if missing:
+        raise UserError(f"config key 'model.lora_targets': the model has no Linear module named {missing[0]!r}; "
+                        f"it has {', '.join(sorted(present))}")
+    lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                           target_modules=list(config.lora_targets), bias="none")
+    return peft.get_peft_model(model, lora, adapter_name=ADAPTER)
+
+
+class AdaptersOff:
+    """The KL reference as the trainer calls it (`.model(...)`, `.lm_head`): the policy's own
+    modules with the adapters switched off, i.e. the frozen base the run started from."""
+
+    def __init__(self, peft_model: Any) -> None:
+        self.peft = peft_model
+        self.inner: PreTrainedModel = peft_model.get_base_model()
+        self.lm_head = self.inner.lm_head  # never adapted: the targets are the blocks' projections
+
+    def model(self, **inputs: Any) -> Any:
+        # Only the trainer's thread runs the trainer's modules (the reference, the update and the
+        # evaluation take turns there), so switching the adapters off here races with nothing.
+        with self.peft.disable_adapter():
+            return self.inner.model(**inputs)
+
+
+def adapted_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every adapted Linear, named as in the plain model (`...self_attn.q_proj`)."""
+    return [(name, m) for name, m in model.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")
+            and ADAPTER in m.lora_A]
+
+
+@torch.no_grad()
+def merged_weight(module: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """W + (alpha / r) * B @ A of one adapted Linear, summed in fp32 (W may be bf16), cast to `dtype`."""
+    delta = module.get_delta_weight(ADAPTER)  # (out, in): peft's own scaling and layout
+    return (module.base_layer.weight.float() + delta.float()).to(dtype)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy as a plain HF state dict on the CPU: adapted weights merged (in the base's dtype),
+    adapter tensors dropped, peft's `.base_layer` names back to the model's own."""
+    merged = {f"{name}.weight": merged_weight(m, m.base_layer.weight.dtype).cpu()
+              for name, m in adapted_modules(model)}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if ".lora_" in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        out[key] = merged.get(key, value.detach().cpu())
+    return out
+
+
+def save_merged(model: PreTrainedModel, path: Path) -> None:
+    """The merged policy in Hugging Face format (loads with AutoModelForCausalLM, or in vLLM)."""
+    model.save_pretrained(path, state_dict=merged_state_dict(model), safe_serialization=True)
+
+
+def save_adapter(model: nn.Module, path: Path) -> None:
+    """The adapter in PEFT format: the files `PeftModel.save_pretrained` writes, under its names."""
+    from safetensors.torch import save_file
+
+    peft = _peft()
+    state = peft.get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS),
+              metadata={"format": "pt"})
+    model.peft_config[ADAPTER].save_pretrained(str(path))
+
+
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def describe(model: nn.Module) -> str:
+    trainable, total = trainable_parameters(model)
+    names = sorted({name.rsplit(".", 1)[-1] for name, _ in adapted_modules(model)})
+    return (f"LoRA: training {trainable:,} of {total:,} parameters ({100 * trainable / total:.1f}%), adapters on "
+            f"{len(adapted_modules(model))} matrices ({', '.join(names)})")
+
+
+def check_adapter_dir(path: Path) -> None:
+    """A checkpoint's adapter must be safetensors: peft would unpickle a `.bin` adapter in its place."""
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"no {name} under {path}")
+
