@@ -87,15 +87,6 @@ class World:
         error.exit_code = box[0][2]
         raise error
 
-    def main_first(self, fn: Callable[[], T]) -> T:
-        """Rank 0 runs `fn` first (it fills a cache: the tiny model's warm-start), then the others."""
-        if self.is_main:
-            result = fn()
-            self.barrier()
-            return result
-        self.barrier()
-        return fn()
-
 
 _current = World()
 
