@@ -79,7 +79,9 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     gen_device = resolve_device(config.rollout.gen_device, "gen", slot)
     train_device = resolve_device(config.rollout.train_device, "train", slot)
     data = build_data(config, log)  # data errors surface before any model loads
-    start = world.main_first(lambda: model_path(config, log))  # rank 0 fills the warm-start cache
+    # Every rank asks: a file lock lets one warm-start the tiny model while the others wait for it
+    # (a collective would time out on a slow machine), then all load the cached copy.
+    start = model_path(config, log)
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
     models = build_models(config, start, resume_from, gen_device, train_device)

@@ -3,6 +3,7 @@ config, the prompt split, resharded counters, the safe reading of DCP shards, --
 that without torchrun nothing of it shows."""
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import pickle
@@ -17,11 +18,13 @@ from aioareal.checkpoint import RunState
 from aioareal.config import load_config
 from aioareal.distributed.cell import cell_config
 from aioareal.distributed.dcp import rank_state
+from aioareal.distributed.hooks import RankHooks
 from aioareal.distributed.merge import merge_rows, merge_samples
 from aioareal.distributed.safe_dcp import check_shards, read_metadata
 from aioareal.distributed.session import session
 from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
+from aioareal.orchestrator import StepReport
 from aioareal.prompts import PromptSource
 from aioareal.resume import resume_target
 from aioareal.run import train
@@ -137,3 +140,41 @@ def test_without_torchrun_a_run_is_the_single_process_run(tmp_path, monkeypatch)
     assert "world_size" not in row and "rank" not in sample and "ranks" not in state
     assert not (run_dir / "checkpoints" / "step-000001" / "shards").exists() and not math.isnan(row["loss"])
 
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.stops: list = []
+
+    async def on_step(self, report) -> None:
+        self.steps.append(report)
+
+    async def on_stop(self, state) -> None:
+        self.stops.append(state)
+
+
+class OtherRankAsked(World):
+    """Rank 0 of 2, where rank 1 reports the same step with SIGTERM (15) pending."""
+
+    def all_gather(self, obj):
+        if isinstance(obj, tuple):  # a step report
+            row, samples, state, _ = obj
+            return [obj, ({**row, "reward_mean": 1.0, "staleness_max": 5}, samples, {**state, "cursor": 99}, 15)]
+        return [obj, {**obj, "cursor": 99}]
+
+
+def test_rank_hooks_merge_the_reports_and_stop_every_rank_when_any_asked():
+    inner, stopped = Recorder(), []
+    hooks = RankHooks(inner, OtherRankAsked(rank=0, size=2, control=object()), stopped.append)
+    row = {"step": 1, "time": 2.0, "reward_mean": 0.0, "reward_std": 0.0, "staleness_max": 1}
+    state = RunState(step=1, cursor=7, elapsed=2.0, ledger={"trained": 2})
+    asyncio.run(hooks.on_step(StepReport(1, row, [{"group_id": 0, "staleness": 1}], [], state)))
+    asyncio.run(hooks.on_stop(state))
+    hooks.close()
+    assert stopped == [15] and not hooks.stop_requested  # rank 1's signal stops this rank too
+    merged = inner.steps[0]
+    assert (merged.row["reward_mean"], merged.row["staleness_max"], merged.row["world_size"]) == (0.5, 5, 2)
+    assert [s["rank"] for s in merged.samples] == [0, 1]
+    assert [r["cursor"] for r in merged.state.ranks] == [7, 99] and merged.state.cursor == 7
+    assert [r["cursor"] for r in inner.stops[0].ranks] == [7, 99]

@@ -7,10 +7,11 @@ did before scale-out existed.
 
 Two process groups, each used from one thread at a time, in the same order on every rank:
   - the default group (NCCL on CUDA, gloo on the CPU) carries the trainer's tensors: FSDP2's
-    all-gathers and reduce-scatters, the loss normalisers, the weight gather. Only the trainer's
-    thread uses it once the run has started (startup decisions use it before).
-  - `control`, always gloo, carries Python objects between the event loops (each step's report, the
-    stop decision, checkpoint counters). It runs on its own thread, so a rank waiting for the others
+    all-gathers and reduce-scatters, the loss normalisers, the weight gather, evaluation sums and
+    checkpoint barriers. Only the trainer's thread uses it.
+  - `control`, always gloo, carries Python objects: the startup decisions (`main_decides`, on the
+    main thread before the event loop starts) and then each step's report, the stop decision and
+    the checkpoint counters, on a thread of its own (`RankHooks`), so a rank waiting for the others
     never blocks its event loop and its generator keeps going.
 Both are created with `dist.timeout_s`: a collective that waits longer fails instead of hanging.
 """
@@ -86,15 +87,6 @@ class World:
         error = UserError(box[0][1])
         error.exit_code = box[0][2]
         raise error
-
-    def main_first(self, fn: Callable[[], T]) -> T:
-        """Rank 0 runs `fn` first (it fills a cache: the tiny model's warm-start), then the others."""
-        if self.is_main:
-            result = fn()
-            self.barrier()
-            return result
-        self.barrier()
-        return fn()
 
 
 _current = World()

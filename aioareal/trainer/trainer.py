@@ -82,6 +82,10 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
+        if self.scaler and collective.size > 1:  # each rank's scaler would see only its own shards' overflows
+            raise UserError("model.train_dtype resolves to float16, which is not supported on several ranks "
+                            "(the loss scaler would skip steps on some ranks only); set model.train_dtype=bfloat16 "
+                            "or float32")
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
