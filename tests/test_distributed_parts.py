@@ -141,7 +141,6 @@ def test_without_torchrun_a_run_is_the_single_process_run(tmp_path, monkeypatch)
     assert not (run_dir / "checkpoints" / "step-000001" / "shards").exists() and not math.isnan(row["loss"])
 
 
-
 class Recorder:
     def __init__(self) -> None:
         self.steps: list = []
@@ -165,16 +164,22 @@ class OtherRankAsked(World):
 
 
 def test_rank_hooks_merge_the_reports_and_stop_every_rank_when_any_asked():
-    inner, stopped = Recorder(), []
-    hooks = RankHooks(inner, OtherRankAsked(rank=0, size=2, control=object()), stopped.append)
+    inner = Recorder()
+    hooks = RankHooks(inner, OtherRankAsked(rank=0, size=2, control=object()))
     row = {"step": 1, "time": 2.0, "reward_mean": 0.0, "reward_std": 0.0, "staleness_max": 1}
     state = RunState(step=1, cursor=7, elapsed=2.0, ledger={"trained": 2})
-    asyncio.run(hooks.on_step(StepReport(1, row, [{"group_id": 0, "staleness": 1}], [], state)))
+    stop = asyncio.run(hooks.on_step(StepReport(1, row, [{"group_id": 0, "staleness": 1}], [], state)))
     asyncio.run(hooks.on_stop(state))
     hooks.close()
-    assert stopped == [15] and not hooks.stop_requested  # rank 1's signal stops this rank too
+    assert stop == 15 and not hooks.stop_requested  # rank 1's signal stops this rank too
     merged = inner.steps[0]
     assert (merged.row["reward_mean"], merged.row["staleness_max"], merged.row["world_size"]) == (0.5, 5, 2)
     assert [s["rank"] for s in merged.samples] == [0, 1]
     assert [r["cursor"] for r in merged.state.ranks] == [7, 99] and merged.state.cursor == 7
     assert [r["cursor"] for r in inner.stops[0].ranks] == [7, 99]
+
+
+def test_lora_under_torchrun_is_refused_by_name():
+    config = load_config(overrides=["model.lora_rank=8"])
+    with pytest.raises(ConfigError, match="model.lora_rank"):
+        cell_config(config, World(rank=0, size=2, control=object()))

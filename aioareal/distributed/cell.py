@@ -28,6 +28,10 @@ def cell_config(config: Config, world: World) -> Config:
     if not world.distributed:
         return config
     batch, ranks = config.algo.batch_groups, world.size
+    if config.model.lora_rank:
+        # The FSDP2 wrapping, the mirror and the sharded checkpoint all assume full fine-tuning.
+        raise ConfigError("model.lora_rank", f"LoRA is not supported under torchrun yet; set model.lora_rank=0 "
+                          f"or run one process, got {config.model.lora_rank}")
     if batch % ranks:
         raise ConfigError("algo.batch_groups", f"must be divisible by the number of ranks ({ranks}): each rank "
                           f"trains batch_groups / {ranks} whole groups (a group never splits across ranks), got {batch}")
