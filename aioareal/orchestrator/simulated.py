@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sized
 
 from ..generation import Completion, GroupRequest, GroupResult
 from ..samples import Group
@@ -34,7 +34,23 @@ class _GroupRun:
     unfinished: int
 
 
-class SimulatedGenerator:
+class QueuedSequences:
+    """The read side of the GenerationWorker contract that every simulated generator shares: its
+    `waiting` group requests and its `running` sequences."""
+
+    waiting: list[GroupRequest]
+    running: Sized
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+
+class SimulatedGenerator(QueuedSequences):
     """Decode step time = base + per_seq * running sequences (memory-bound decode)."""
 
     def __init__(self, slots: int, trainer: "SimulatedTrainer", length: Callable[[random.Random], int],
@@ -55,14 +71,6 @@ class SimulatedGenerator:
 
     def free_slots(self) -> int:
         return self.slots - len(self.running) - sum(r.n for r in self.waiting)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
 
     async def step(self, adopt: bool) -> list[GroupResult]:
         latency = self.step_base + self.step_per_seq * len(self.running)

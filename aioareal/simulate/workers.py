@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..generation import Completion, GroupRequest, GroupResult
+from ..orchestrator.simulated import QueuedSequences
 from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
 from .decodeplan import Segment, plan_seconds, steps_begun
@@ -53,7 +54,7 @@ class _GroupRun:
     unfinished: int
 
 
-class ProfiledGenerator:
+class ProfiledGenerator(QueuedSequences):
     def __init__(self, profile: Profile, device: Device, trainer: "ProfiledTrainer", slots: int,
                  draw: Callable[[random.Random], int], seed: int, recompute_kv: bool = True) -> None:
         self.p, self.device, self.trainer, self.slots, self.draw = profile, device, trainer, slots, draw
@@ -86,14 +87,6 @@ class ProfiledGenerator:
 
     def free_slots(self) -> int:
         return len(self.free) - sum(r.n for r in self.waiting)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
 
     async def step(self, adopt: bool) -> list[GroupResult]:
         """One engine step (adopt, admit + prefill, decode), extended over the decode steps up to a
