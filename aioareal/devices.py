@@ -1,6 +1,8 @@
 """Which device the generator and the trainer of this process use."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import UserError
@@ -27,3 +29,22 @@ def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = Non
                             "(torchrun --nproc-per-node) or lower rollout.devices_per_rank")
         return torch.device("cuda", index)
     return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
+
+
+def cpu_threads(devices: list[torch.device], setting: int) -> int | None:
+    """Intra-op threads for this process (run.cpu_threads), or None to leave torch's choice.
+
+    The generator and the trainer each run their torch ops on a thread of their own, and on the
+    CPU each of those threads leads a team of intra-op (OpenMP) threads as wide as the machine:
+    two teams on the same cores when both sides are on the CPU. In async modes both sides compute
+    at once and oversubscribe the cores; in any mode, a team whose threads wait at a barrier for
+    one that the OS has descheduled (another side's team, the reward threads, another process)
+    stalls. So 0 (auto) splits the cores between the sides on the CPU. OMP_NUM_THREADS, when set,
+    wins over auto."""
+    if setting > 0:
+        return setting
+    on_cpu = sum(d.type == "cpu" for d in devices)
+    if on_cpu == 0 or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // on_cpu)

@@ -251,6 +251,9 @@ class RunConfig:
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
+    cpu_threads: int = doc("torch intra-op threads; 0 = auto: the cores split between the generator and the trainer "
+                           "when both run on the CPU (each side's thread leads its own team of threads), torch's "
+                           "default on a GPU or with OMP_NUM_THREADS set", 0)
     trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
                               "(comma-separated; empty = none)", [])
     tracker_project: str = doc("project name in W&B and trackio", "aioareal")
@@ -262,6 +265,7 @@ class RunConfig:
         check(not unknown, "run.trackers", f"unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}"
               if unknown else "")
         check(len(set(self.trackers)) == len(self.trackers), "run.trackers", f"names a tracker twice: {self.trackers}")
+        check(self.cpu_threads >= 0, "run.cpu_threads", f"must be >= 0 (0 = auto), got {self.cpu_threads}")
         check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 
