@@ -89,19 +89,19 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
     """One micro-batch of these samples; with `share`, also in the shared-prompt layout."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
-    b = len(rows)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros(b, width, dtype=torch.long)
-    mask = torch.zeros(b, width - 1, dtype=torch.bool)
-    behav = torch.zeros(b, width - 1)
-    versions = torch.zeros(b, width - 1)
-    for i, (s, row) in enumerate(zip(samples, rows)):
-        p, n = len(s.prompt_ids), len(s.tokens)
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        mask[i, p - 1: p - 1 + n] = True
-        behav[i, p - 1: p - 1 + n] = torch.tensor(s.completion.logprobs)
-        versions[i, p - 1: p - 1 + n] = torch.tensor(s.completion.versions, dtype=torch.float32)
+    # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows])
+    attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    before = [[0.0] * (len(s.prompt_ids) - 1) for s in samples]  # targets that are prompt tokens
+    after = [[0.0] * (width - len(r)) for r in rows]  # padding
+    shape = (len(rows), width - 1)
+    mask = torch.tensor([[False] * len(b) + [True] * len(s.tokens) + [False] * len(a)
+                         for s, b, a in zip(samples, before, after)], dtype=torch.bool).reshape(shape)
+    behav = torch.tensor([b + s.completion.logprobs + a for s, b, a in zip(samples, before, after)],
+                         dtype=torch.float32).reshape(shape)
+    versions = torch.tensor([b + [float(v) for v in s.completion.versions] + a
+                             for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
