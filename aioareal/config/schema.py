@@ -183,8 +183,7 @@ class AlgoConfig:
         check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
 
 
-# K when rollout.max_staleness is not given: sync trains only fresh samples, one-step overlaps
-# exactly one batch, async lets the generator run two versions ahead.
+# K when rollout.max_staleness is not given: sync fresh samples only, one-step one batch, async 2 versions ahead.
 DEFAULT_STALENESS = {"sync": 0, "one-step": 1, "async": 2}
 
 
@@ -251,9 +250,7 @@ class RunConfig:
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
-    cpu_threads: int = doc("torch intra-op threads; 0 = auto: the cores split between the generator and the trainer "
-                           "when both run on the CPU (each side's thread leads its own team of threads), torch's "
-                           "default on a GPU or with OMP_NUM_THREADS set", 0)
+    cpu_threads: int = doc("torch intra-op threads; 0 = auto: the cores split between the sides on the CPU", 0)
     trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
                               "(comma-separated; empty = none)", [])
     tracker_project: str = doc("project name in W&B and trackio", "aioareal")

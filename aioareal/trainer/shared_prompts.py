@@ -6,8 +6,9 @@ micro-batch's distinct prompts go through the model once (with a KV cache kept i
 graph), their caches are gathered to the rows, and only the completion tokens go through a second
 pass that attends to them. The log-probs are the padded path's up to float rounding, and so are the
 gradients: the prompt's share adds up over its rows in the backward pass of the gather. On the
-offline default run (prompts of ~7 tokens, completions of ~4, G=8) the trainer's forward and
-backward see 2.4x fewer token positions.
+offline default run (B=32 groups of G=8, prompts of up to 7 tokens, completions of about 4) a
+micro-batch computes 32x7 + 256x4 token positions instead of 256x11, and its forward and backward
+take about half the time.
 
 Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   prompts (g, P) right-padded, the distinct prompts; `row_prompt` (b,) picks row i's;
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from ..samples import Sample
 
@@ -64,11 +66,7 @@ def share_to(share: PromptShare, device: torch.device) -> PromptShare:
     return PromptShare(*(getattr(share, f).to(**put) for f in PromptShare.__dataclass_fields__))
 
 
-def positions_device(share: PromptShare) -> torch.device:
-    return share.prompt_len.device
-
-
-def shared_hidden(model, share: PromptShare) -> torch.Tensor:
+def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     """Hidden states at the positions that predict each target: (b, C + 1, H)."""
     out = model.model(input_ids=share.prompt_ids, attention_mask=share.prompt_mask, use_cache=True)
     # The last prompt position predicts the first completion token: (b, H).
@@ -79,7 +77,8 @@ def shared_hidden(model, share: PromptShare) -> torch.Tensor:
     cache = out.past_key_values
     cache.reorder_cache(share.row_prompt)  # (g, ...) -> (b, ...): index_select, in the autograd graph
     mask = torch.cat([share.prompt_mask[share.row_prompt], share.input_mask], dim=1)  # (b, P + C)
-    positions = share.prompt_len[:, None] + torch.arange(width, device=positions_device(share))[None, :]  # (b, C)
+    steps = torch.arange(width, device=share.prompt_len.device)
+    positions = share.prompt_len[:, None] + steps[None, :]  # (b, C): each row continues its own prompt
     hidden = model.model(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
                          past_key_values=cache, use_cache=True).last_hidden_state  # (b, C, H)
     return torch.cat([last[:, None], hidden], dim=1)
