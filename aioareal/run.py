@@ -83,7 +83,7 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     # Every rank asks: a file lock lets one warm-start the tiny model while the others wait for it
     # (a collective would time out on a slow machine), then all load the cached copy.
     start = model_path(config, log)
-    threads = cpu_threads([gen_device, train_device], config.run.cpu_threads)
+    threads = cpu_threads([gen_device, train_device], config.run.cpu_threads, config.rollout.mode != "sync")
     if threads:
         torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)

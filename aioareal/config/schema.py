@@ -250,7 +250,7 @@ class RunConfig:
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
-    cpu_threads: int = doc("torch intra-op threads; 0 = auto: the cores split between the sides on the CPU", 0)
+    cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
     trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
                               "(comma-separated; empty = none)", [])
     tracker_project: str = doc("project name in W&B and trackio", "aioareal")
