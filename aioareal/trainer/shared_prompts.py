@@ -69,8 +69,13 @@ def share_to(share: PromptShare, device: torch.device) -> PromptShare:
 def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     """Hidden states at the positions that predict each target: (b, C + 1, H)."""
     out = model.model(input_ids=share.prompt_ids, attention_mask=share.prompt_mask, use_cache=True)
-    # The last prompt position predicts the first completion token: (b, H).
-    last = out.last_hidden_state[share.row_prompt, share.prompt_len - 1]
+    hidden = out.last_hidden_state  # (g, P, H)
+    # The last prompt position predicts the first completion token. Taken once per prompt, then
+    # copied to its rows with index_select: indexing (row_prompt, len - 1) directly would repeat each
+    # index G times, and the backward of a repeated index adds with atomics on several CPU threads
+    # (a different float sum from run to run; sync-mode runs must replay exactly).
+    ends = (share.prompt_mask.sum(dim=1) - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])  # (g, 1, H)
+    last = hidden.gather(1, ends).squeeze(1).index_select(0, share.row_prompt)  # (b, H)
     width = share.input_ids.shape[1]
     if width == 0:  # every completion is one token long
         return last[:, None]
@@ -79,6 +84,6 @@ def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     mask = torch.cat([share.prompt_mask[share.row_prompt], share.input_mask], dim=1)  # (b, P + C)
     steps = torch.arange(width, device=share.prompt_len.device)
     positions = share.prompt_len[:, None] + steps[None, :]  # (b, C): each row continues its own prompt
-    hidden = model.model(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True).last_hidden_state  # (b, C, H)
-    return torch.cat([last[:, None], hidden], dim=1)
+    rest = model.model(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
+                       past_key_values=cache, use_cache=True).last_hidden_state  # (b, C, H)
+    return torch.cat([last[:, None], rest], dim=1)
