@@ -8,7 +8,8 @@ pass that attends to them. The log-probs are the padded path's up to float round
 gradients: the prompt's share adds up over its rows in the backward pass of the gather. On the
 offline default run (B=32 groups of G=8, prompts of up to 7 tokens, completions of about 4) a
 micro-batch computes 32x7 + 256x4 token positions instead of 256x11, and its forward and backward
-take about half the time.
+take half the time on one CPU thread (less on two, where per-op overhead weighs more: README,
+Performance).
 
 Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   prompts (g, P) right-padded, the distinct prompts; `row_prompt` (b,) picks row i's;
@@ -35,11 +36,6 @@ class PromptShare:
     input_mask: torch.Tensor  # (b, C) long
     targets: torch.Tensor  # (b, C + 1) long: each completion, right-padded
     target_mask: torch.Tensor  # (b, C + 1) bool
-
-    @property
-    def positions(self) -> int:
-        """Token positions the two passes compute, padding included."""
-        return self.prompt_ids.numel() + self.input_ids.numel()
 
 
 def build_share(samples: list[Sample], pad_id: int) -> PromptShare:
