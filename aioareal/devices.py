@@ -1,6 +1,8 @@
 """Which device the generator and the trainer of this process use."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import UserError
@@ -27,3 +29,21 @@ def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = Non
                             "(torchrun --nproc-per-node) or lower rollout.devices_per_rank")
         return torch.device("cuda", index)
     return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
+
+
+def cpu_threads(devices: list[torch.device], setting: int, overlapping: bool) -> int | None:
+    """Intra-op threads for this process (run.cpu_threads), or None to leave torch's choice.
+
+    The generator and the trainer each run their torch ops on a thread of their own, and on the
+    CPU each of those threads leads a team of intra-op (OpenMP) threads as wide as the machine.
+    When the two sides compute at once (`overlapping`: one-step and async modes) and both are on
+    the CPU, two full-width teams oversubscribe the cores, and a team whose barrier waits on a
+    thread the OS has descheduled stalls every op; so 0 (auto) splits the cores between them. In
+    sync mode the sides take turns and each keeps every core. OMP_NUM_THREADS, when set, wins."""
+    if setting > 0:
+        return setting
+    on_cpu = sum(d.type == "cpu" for d in devices)
+    if not overlapping or on_cpu < 2 or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // on_cpu)

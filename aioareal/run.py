@@ -21,6 +21,7 @@ from .build import (Prompts, build_data, build_engine, build_evaluator, build_mo
 from .checkpoint import RunState
 from .config import Config, dump_yaml, save_config
 from .dashboard import Dashboard, plain_line, wants_dashboard
+from .devices import cpu_threads
 from .distributed import dcp
 from .distributed.cell import QuietLog, build_sharded_evaluator, cell_config, engine_seed, recorded
 from .distributed.hooks import RankHooks, sharded_saver
@@ -82,6 +83,9 @@ def setup(config: Config, run_dir: Path, log: Callable[[str], None] = print,
     # Every rank asks: a file lock lets one warm-start the tiny model while the others wait for it
     # (a collective would time out on a slow machine), then all load the cached copy.
     start = model_path(config, log)
+    threads = cpu_threads([gen_device, train_device], config.run.cpu_threads, config.rollout.mode != "sync")
+    if threads:
+        torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
     models = build_models(config, start, resume_from, gen_device, train_device)

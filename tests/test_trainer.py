@@ -62,6 +62,29 @@ def test_chunked_logprobs_equal_naive_full_vocabulary_ones():
     assert (entropy[mb.loss_mask] > 0).all() and (entropy[~mb.loss_mask] == 0).all()
 
 
+def test_shared_prompt_logprobs_and_gradients_equal_the_padded_path():
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=2)
+    # Two groups with prompts of different lengths, completions of 1 to 5 tokens, rows interleaved.
+    a, b = [4, 5, 6, 7, 8], [9, 10]
+    samples = [_sample(a, [20, 21, 22]), _sample(b, [23]), _sample(a, [24, 25, 26, 27, 28]),
+               _sample(b, [29, 30]), _sample(a, [31])]
+    mb = collate(samples, pad_id=0, device=torch.device("cpu"), share=True)
+    assert mb.share is not None and mb.share.prompt_ids.shape == (2, 5) and mb.share.input_ids.shape == (5, 4)
+    weights = torch.randn(mb.loss_mask.shape, generator=torch.Generator().manual_seed(0))
+    results = []
+    for share in (None, mb.share):
+        logp, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, 0.7, 3, share)
+        grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
+        results.append((logp, entropy, grads))
+    (padded, ent_padded, g_padded), (shared, ent_shared, g_shared) = results
+    torch.testing.assert_close(shared, padded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_shared, ent_padded, atol=1e-5, rtol=1e-5)
+    assert (shared[~mb.loss_mask] == 0).all()
+    for x, y in zip(g_shared, g_padded):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    assert all(h.share is None for h in mb.halves())  # after an OOM the halves take the padded path
+
+
 def test_loglinear_prox_is_exact_at_both_ends():
     logp, behav = torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.5, -1.0, -3.0])
     versions = torch.tensor([5.0, 3.0, 4.0])

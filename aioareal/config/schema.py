@@ -183,8 +183,7 @@ class AlgoConfig:
         check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
 
 
-# K when rollout.max_staleness is not given: sync trains only fresh samples, one-step overlaps
-# exactly one batch, async lets the generator run two versions ahead.
+# K when rollout.max_staleness is not given: sync fresh samples only, one-step one batch, async 2 versions ahead.
 DEFAULT_STALENESS = {"sync": 0, "one-step": 1, "async": 2}
 
 
@@ -251,6 +250,7 @@ class RunConfig:
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
+    cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
     trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
                               "(comma-separated; empty = none)", [])
     tracker_project: str = doc("project name in W&B and trackio", "aioareal")
@@ -262,6 +262,7 @@ class RunConfig:
         check(not unknown, "run.trackers", f"unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}"
               if unknown else "")
         check(len(set(self.trackers)) == len(self.trackers), "run.trackers", f"names a tracker twice: {self.trackers}")
+        check(self.cpu_threads >= 0, "run.cpu_threads", f"must be >= 0 (0 = auto), got {self.cpu_threads}")
         check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..samples import Sample
+from .shared_prompts import PromptShare, build_share, share_to
 
 
 @dataclass
@@ -29,6 +30,7 @@ class MicroBatch:
     prox_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
+    share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
 
     @property
     def padded_tokens(self) -> int:
@@ -59,6 +61,7 @@ class MicroBatch:
     def _rows(self, rows: slice) -> "MicroBatch":
         mask = self.loss_mask[rows]
         # Host syncs (two small sums), acceptable here: this runs only after an out-of-memory error.
+        # The halves take the padded path (no `share`): smaller, and always valid.
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         return MicroBatch(self.input_ids[rows], self.attention_mask[rows], mask, self.behav_logp[rows],
                           self.versions[rows], self.advantages[rows],
@@ -82,29 +85,32 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device) -> MicroBatch:
+def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False) -> MicroBatch:
+    """One micro-batch of these samples; with `share`, also in the shared-prompt layout."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
-    b = len(rows)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros(b, width, dtype=torch.long)
-    mask = torch.zeros(b, width - 1, dtype=torch.bool)
-    behav = torch.zeros(b, width - 1)
-    versions = torch.zeros(b, width - 1)
-    for i, (s, row) in enumerate(zip(samples, rows)):
-        p, n = len(s.prompt_ids), len(s.tokens)
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        mask[i, p - 1: p - 1 + n] = True
-        behav[i, p - 1: p - 1 + n] = torch.tensor(s.completion.logprobs)
-        versions[i, p - 1: p - 1 + n] = torch.tensor(s.completion.versions, dtype=torch.float32)
+    # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows], dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows])
+    attn = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    before = [[0.0] * (len(s.prompt_ids) - 1) for s in samples]  # targets that are prompt tokens
+    after = [[0.0] * (width - len(r)) for r in rows]  # padding
+    shape = (len(rows), width - 1)
+    mask = torch.tensor([[False] * len(b) + [True] * len(s.tokens) + [False] * len(a)
+                         for s, b, a in zip(samples, before, after)], dtype=torch.bool).reshape(shape)
+    behav = torch.tensor([b + s.completion.logprobs + a for s, b, a in zip(samples, before, after)],
+                         dtype=torch.float32).reshape(shape)
+    versions = torch.tensor([b + [float(v) for v in s.completion.versions] + a
+                             for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
-                      completion_tokens=sum(len(s.tokens) for s in samples))
+                      completion_tokens=sum(len(s.tokens) for s in samples),
+                      share=share_to(build_share(samples, pad_id), device) if share else None)
 
 
-def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device) -> list[MicroBatch]:
+def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
+         share: bool = False) -> list[MicroBatch]:
     lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    return [collate([samples[i] for i in idx], pad_id, device) for idx in plan(lengths, budget)]
+    return [collate([samples[i] for i in idx], pad_id, device, share) for idx in plan(lengths, budget)]

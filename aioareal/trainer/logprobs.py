@@ -10,6 +10,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from .shared_prompts import PromptShare, shared_hidden
+
 
 def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,12 +42,17 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int = 2048, share: PromptShare | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions.
-    Returns logp (b, L-1) and entropy (b, L-1), zero off the mask."""
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, L, H)
-    selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
-    targets = input_ids[:, 1:][loss_mask]
+    Returns logp (b, L-1) and entropy (b, L-1), zero off the mask. With `share` (the same rows
+    in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py)."""
+    if share is None:
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, L, H)
+        selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
+        targets = input_ids[:, 1:][loss_mask]
+    else:  # row-major over the targets, the same order as loss_mask's
+        selected = shared_hidden(model, share)[share.target_mask]  # (n, H)
+        targets = share.targets[share.target_mask]
     logp_flat, ent_flat = selected_logprobs(selected, targets, model.lm_head, temperature, chunk)
     logp = torch.zeros(loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)
     entropy = torch.zeros_like(logp, requires_grad=False)
@@ -66,5 +73,6 @@ class TokenLogprobs(torch.nn.Module):
         self.lm = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                temperature: float = 1.0, chunk: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk)
+                temperature: float = 1.0, chunk: int = 2048,
+                share: PromptShare | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share)

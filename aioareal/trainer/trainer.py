@@ -86,6 +86,11 @@ class Trainer:
             raise UserError("model.train_dtype resolves to float16, which is not supported on several ranks "
                             "(the loss scaler would skip steps on some ranks only); set model.train_dtype=bfloat16 "
                             "or float32")
+        # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
+        # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
+        # Gradient checkpointing drops the prompts' KV cache the shared path needs.
+        checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        self.share_prompts = collective.size == 1 and not checkpointed
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
@@ -101,9 +106,9 @@ class Trainer:
         with self._autocast():
             if model is self.model:  # through the module: FSDP2 gathers the shards in its hooks
                 return self.policy(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature,
-                                   self.logprob_chunk)
+                                   self.logprob_chunk, mb.share)
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  self.temperature, self.logprob_chunk)
+                                  self.temperature, self.logprob_chunk, mb.share)
 
     def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
         """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
@@ -113,7 +118,8 @@ class Trainer:
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
         budget = self.micro_batch_tokens
-        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device) for part in parts]
+        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device, self.share_prompts)
+                  for part in parts]
         return self._even_out(packed)
 
     def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:
