@@ -1,7 +1,9 @@
 """Which device the generator and the trainer of this process use."""
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 import torch
 
@@ -47,3 +49,13 @@ def cpu_threads(devices: list[torch.device], setting: int, overlapping: bool) ->
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // on_cpu)
+
+
+@contextlib.contextmanager
+def threads_restored() -> Iterator[None]:
+    """torch's intra-op thread count as it was on entry, whatever the block set it to."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

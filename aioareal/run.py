@@ -21,7 +21,7 @@ from .build import (Prompts, build_data, build_engine, build_evaluator, build_mo
 from .checkpoint import RunState
 from .config import Config, dump_yaml, save_config
 from .dashboard import Dashboard, plain_line, wants_dashboard
-from .devices import cpu_threads
+from .devices import cpu_threads, threads_restored
 from .distributed import dcp
 from .distributed.cell import QuietLog, build_sharded_evaluator, cell_config, engine_seed, recorded
 from .distributed.hooks import RankHooks, sharded_saver
@@ -252,17 +252,18 @@ def train(config: Config, log: Callable[[str], None] = print,
     log(dump_yaml(recorded(config, world)))
     if world.is_main:
         save_config(recorded(config, world), run_dir / "config.yaml")
-    parts = setup(cell_config(config, world), run_dir, log, resume_from, world)
-    if resume_from is not None:
-        log(f"resuming {run_dir} from step {parts.start_step}")
-    dashboard = printer is None and wants_dashboard(config.run.dashboard)
-    if printer is None:
-        printer = step_printer(log, config.train.steps, evals_only=dashboard)
-    try:
-        with Dashboard(lambda: parts.live.latest, header_fn=header_fn) if dashboard else contextlib.nullcontext():
-            orchestrator = run_event_loop(orchestrate(parts, printer))
-    finally:
-        cleanup(parts)
+    with threads_restored():  # setup may narrow torch's threads (run.cpu_threads): the caller gets them back
+        parts = setup(cell_config(config, world), run_dir, log, resume_from, world)
+        if resume_from is not None:
+            log(f"resuming {run_dir} from step {parts.start_step}")
+        dashboard = printer is None and wants_dashboard(config.run.dashboard)
+        if printer is None:
+            printer = step_printer(log, config.train.steps, evals_only=dashboard)
+        try:
+            with Dashboard(lambda: parts.live.latest, header_fn=header_fn) if dashboard else contextlib.nullcontext():
+                orchestrator = run_event_loop(orchestrate(parts, printer))
+        finally:
+            cleanup(parts)
     if orchestrator.train.version >= config.train.steps:
         if world.is_main:
             checkpoint.mark_done(run_dir, orchestrator.train.version)
