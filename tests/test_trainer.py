@@ -48,7 +48,11 @@ def test_collate_aligns_targets_with_behaviour_logprobs():
     assert [h.input_ids.shape[0] for h in halves] == [1, 1] and sum(h.completion_tokens for h in halves) == 5
 
 
-def test_chunked_logprobs_equal_naive_full_vocabulary_ones():
+@pytest.mark.parametrize("keep_logits", [True, False])  # small vocabularies keep them; large ones recompute
+def test_chunked_logprobs_equal_naive_full_vocabulary_ones(keep_logits, monkeypatch):
+    import aioareal.trainer.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "KEEP_LOGITS", 1 << 30 if keep_logits else 0)
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
     samples = [_sample(list(range(4, 4 + p)), list(range(20, 20 + n))) for p, n in ((3, 5), (6, 2), (1, 9))]
     mb = pack(samples, budget=10_000, pad_id=0, device=torch.device("cpu"))[0]

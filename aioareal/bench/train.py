@@ -29,7 +29,7 @@ from ..generation import Completion
 from ..orchestrator.simulated import gsm8k_like_length
 from ..samples import Sample
 from ..trainer.batching import MicroBatch, collate, pack
-from ..trainer.logprobs import token_logprobs
+from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
                       pick_device, pick_dtype, ratio)
 from .train_lora import run_lora
@@ -115,10 +115,12 @@ def padding_frac(mbs: list[MicroBatch]) -> float:
 
 
 def logits_bytes(mbs: list[MicroBatch], vocab: int, chunk: int | None) -> int:
-    """Largest fp32 logits tensor materialised: a chunk of completion positions, or the whole batch."""
+    """Most fp32 logits held at once: a chunk of completion positions (all of them where they are
+    few enough to keep, logprobs.KEEP_LOGITS), or the whole batch's."""
     if chunk is None:
         return max(mb.input_ids.numel() for mb in mbs) * vocab * 4
-    return max(min(chunk, mb.completion_tokens) for mb in mbs) * vocab * 4
+    return max((n if n * vocab <= KEEP_LOGITS else min(chunk, n)) * vocab * 4
+               for n in (mb.completion_tokens for mb in mbs))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

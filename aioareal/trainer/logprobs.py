@@ -2,7 +2,8 @@
 
 Only completion positions go through the LM head, and they go in chunks of `chunk` tokens, each
 recomputed in the backward pass (activation checkpointing), so fp32 logits for a 151,936-entry
-vocabulary exist for one chunk at a time instead of for the whole micro-batch.
+vocabulary exist for one chunk at a time instead of for the whole micro-batch. A micro-batch
+whose logits are small in all (`KEEP_LOGITS`) keeps them instead.
 """
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from .shared_prompts import PromptShare, shared_hidden
+
+# A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
+# of recomputed: for a small vocabulary (the offline tiny model's 128 words) the recompute and the
+# checkpoint's bookkeeping cost more than the memory saves (about 4% of the default run's step).
+KEEP_LOGITS = 8 << 20
 
 
 def _chunk_logp(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
@@ -29,9 +35,10 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
     logps, entropies = [], []
     # At least one chunk, empty for a micro-batch with no completion token (a rank's filler): the
     # head still runs, so its gradient exists (zero) on every rank when the shards are reduced.
+    recompute = torch.is_grad_enabled() and hidden.shape[0] * head.weight.shape[0] > KEEP_LOGITS
     for start in range(0, max(hidden.shape[0], 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
-        if torch.is_grad_enabled():
+        if recompute:
             lp, ent = checkpoint(_chunk_logp, h, t, head, temperature, use_reentrant=False)
         else:
             lp, ent = _chunk_logp(h, t, head, temperature)
