@@ -45,6 +45,16 @@ def test_gen_roofline_fraction_with_a_given_peak(capsys, tmp_path):
     assert r["peak_gbps"] == 100 and r["engine_roofline_frac"] == pytest.approx(r["engine_gbps"] / 100)
 
 
+def test_gen_compares_fused_and_unfused_projections(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "2", "--prompt-len", "4",
+                  "--new-tokens", "3", "--repeats", "1", "--compare-fusion")
+    assert r["fused"] is True and len(r["unfused_s_rounds"]) == 1
+    assert r["fused_vs_unfused"] == pytest.approx(r["engine_tok_s"] / r["unfused_tok_s"])
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "1", "--samples", "2", "--prompt-len", "3",
+                  "--new-tokens", "2", "--repeats", "1", "--no-fuse")
+    assert r["fused"] is False and "fused_vs_unfused" not in r
+
+
 def test_train_reports_padding_and_memory(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "train", "--samples", "6", "--prompt-len", "4", "--mean-len", "12",
                   "--max-len", "40", "--budget", "128", "--chunk", "8", "--repeats", "1")
@@ -107,6 +117,7 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
                                       "sync,one-step,async"),
     (["gen", "--model", "no-such-shape"], "error: --model no-such-shape: neither a shape"),
     (["gen", "--samples", "4", "--slots", "2"], "error: --slots 2 cannot hold one group of --samples 4"),
+    (["gen", "--no-fuse", "--compare-fusion"], "error: --compare-fusion times the fused engine"),
 ])
 def test_bad_options_are_one_line_errors(capsys, args, expected):
     assert main(["bench", *args]) == 2

@@ -40,13 +40,16 @@ GRAPH_SPAN_BUCKET = 64
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
-                 recompute_kv: bool = True, compile: bool = False, timed: bool = False) -> None:
+                 recompute_kv: bool = True, compile: bool = False, timed: bool = False,
+                 fuse: bool = True) -> None:
+        """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
+        parameters are re-pointed into (fusion.py); pass False for a model that also trains."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
         self.max_len = max_len
         self.recompute_kv = recompute_kv
-        self.fwd = FastForward(model, max_len)
+        self.fwd = FastForward(model, max_len, fuse=fuse)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
