@@ -111,3 +111,26 @@ def test_forced_lengths_ignore_eos():
     engine.submit(GroupRequest(0, [5, 6, 7], n=3, lengths=[1, 5, 30]))
     results = _run(engine, [])
     assert [len(c.tokens) for c in results[0].completions] == [1, 5, 12]  # capped by max_new_tokens
+
+
+def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
+    """Finished slots drop out of the CPU's decode (engine._decode_live); greedy tokens and their
+    logprobs equal those of decoding every slot."""
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    requests = [GroupRequest(0, [5, 6, 7], n=4, lengths=[1, 3, 7, 12]), GroupRequest(1, [9, 8], n=4, lengths=[2, 12, 5, 4])]
+
+    def run(live: bool):
+        engine = Engine(_model(), eos_ids=[1], num_slots=8, max_len=32, params=params)
+        calls = []
+        if live:
+            monkeypatch.setattr(engine, "_decode_live", lambda n, span: calls.append(n) or Engine._decode_live(engine, n, span))
+        else:
+            monkeypatch.setattr(engine, "_decode_live", lambda n, span: engine._decode_into(n, span))
+        return {(r.request.group_id, i): c for r in _run(engine, requests) for i, c in enumerate(r.completions)}, calls
+
+    live, calls = run(True)
+    every, _ = run(False)
+    assert len(calls) >= 5  # most steps ran with some slots finished
+    for key, c in every.items():
+        assert live[key].tokens == c.tokens
+        torch.testing.assert_close(torch.tensor(live[key].logprobs), torch.tensor(c.logprobs), atol=1e-5, rtol=1e-5)

@@ -71,6 +71,22 @@ def test_sync_step_time_is_the_sum_of_its_parts():
     assert r.staleness == {0: 6 * 4} and r.len_mean == 10
 
 
+def test_a_cpu_engine_decodes_running_slots_a_gpu_one_every_slot_up_to_the_highest():
+    """Each group holds a 2-token and a 10-token sample; after the first decode step the short ones
+    are done. The CPU engine then decodes 2 rows (engine._decode_live), a GPU one still slots 0..3."""
+    import dataclasses
+    import itertools
+
+    cpu = profile(decode=(0.01, 0.001, 0.0), train=(1.0, 0.0))
+    gpu = dataclasses.replace(cpu, device="cuda (test)")
+    times = {}
+    for p in (cpu, gpu):
+        cycle = itertools.cycle([2, 10])
+        times[p.device] = run(p, "sync", 0, lengths=lambda rng: next(cycle)).s_per_step
+    assert times["cpu"] == pytest.approx(9 * 0.01 + 0.001 * (4 + 8 * 2) + 1.0)
+    assert times["cuda (test)"] == pytest.approx(9 * 0.01 + 0.001 * 9 * 4 + 1.0)
+
+
 @pytest.mark.parametrize("mode, k", [("sync", 0), ("one-step", 1), ("async", 1), ("async", 3)])
 def test_macro_steps_match_single_decode_steps(mode, k, monkeypatch):
     """The fast path (every decode step to the next sequence end in one sleep, cut short by new

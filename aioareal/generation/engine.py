@@ -180,7 +180,23 @@ class Engine:
         if self.graphs is not None:
             span = min(self.max_len, -(-span // GRAPH_SPAN_BUCKET) * GRAPH_SPAN_BUCKET)
             return self.graphs.run(n, span)
+        if self.device.type == "cpu" and len(self.running) < n:
+            return self._decode_live(n, span)
         return self._decode_into(n, span)
+
+    def _decode_live(self, n: int, span: int) -> torch.Tensor:
+        """The CPU's decode when some of the first n slots have finished: only running slots go
+        through the model (on the CPU the matmuls cost in proportion to the rows; a GPU decodes all
+        n at about the cost of one, in a fixed-shape CUDA graph). Returns (2, n) like `_decode_into`,
+        zeros at the finished slots, which bookkeeping never reads."""
+        slots = torch.tensor(sorted(self.running), device=self.device)
+        hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
+        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        self.next_token[slots] = tok
+        self.position[slots] = (self.position[slots] + 1).clamp(max=self.max_len - 1)
+        out = torch.zeros(2, n, device=self.device)
+        out[:, slots] = torch.stack([tok.to(torch.float32), lp])
+        return out
 
     def _decode_into(self, n: int, span: int) -> torch.Tensor:
         """Decode the first n slots; update next token and position in place; return (2, n)."""

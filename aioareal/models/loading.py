@@ -19,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import UserError
+from .attention import ATTENTION
 from .shapes import SHAPES, shape_config
 from .tokenizer import build_char_tokenizer, vocab_size_padded
 
@@ -80,7 +81,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     try:
         # None, not False: with pickles allowed transformers still prefers safetensors when both exist.
         model = AutoModelForCausalLM.from_pretrained(
-            name, trust_remote_code=trust_remote_code, attn_implementation="sdpa",
+            name, trust_remote_code=trust_remote_code, attn_implementation=ATTENTION,
             use_safetensors=None if allow_pickle else True, **_dtype_kwarg(dtype))
     except (OSError, ValueError) as e:
         # A hub repository without safetensors ends up here (a local directory was checked above).
@@ -94,7 +95,7 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int
         raise UserError(f"model.name 'random:{shape}': unknown shape (known: {', '.join(SHAPES)})")
     tokenizer = build_char_tokenizer()
     config = shape_config(shape, vocab_size_padded(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = ATTENTION
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype))

@@ -60,6 +60,7 @@ class ProfiledGenerator(QueuedSequences):
         self.p, self.device, self.trainer, self.slots, self.draw = profile, device, trainer, slots, draw
         self.rng = random.Random(seed)  # the bench's ForcedLengths draws with the same seed, in the same order
         self.recompute_kv = recompute_kv
+        self.live_rows = profile.device.startswith("cpu")
         self.version = 0
         self.tokens_generated = 0
         self.phase_seconds: dict[str, float] = {"prefill": 0.0, "decode": 0.0, "adopt": 0.0, "recompute_kv": 0.0}
@@ -125,8 +126,9 @@ class ProfiledGenerator(QueuedSequences):
         free, step, taken, aside, plan = self.free_slots(), self.steps, [], [], []
         while self.ends:
             end = self.ends[0][0]
-            plan.append(Segment(1 if SINGLE_STEPS else end - step, self._top(self.by_slot, gone, aside) + 1,
-                                self._top(self.by_reach, gone, aside) + step))
+            # The engine decodes slots [0, highest live]; on the CPU only the running ones (engine._decode_live).
+            rows = len(self.running) - len(gone) if self.live_rows else self._top(self.by_slot, gone, aside) + 1
+            plan.append(Segment(1 if SINGLE_STEPS else end - step, rows, self._top(self.by_reach, gone, aside) + step))
             if SINGLE_STEPS:
                 break
             step, done = end, False

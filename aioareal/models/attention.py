@@ -1,0 +1,61 @@
+"""The attention the trainer's Hugging Face models run: SDPA, except short sequences on the CPU.
+
+Registered with transformers as the attention implementation "aioareal" (models load with it).
+On a GPU, and for long sequences anywhere, it is transformers' own SDPA path unchanged. On the CPU,
+when the keys are few (the offline default's prompts and completions are about a dozen tokens),
+it computes attention as two batched matmuls and a softmax, grouping query heads onto their key
+heads instead of repeating the keys: at those lengths torch's CPU flash kernel costs more than the
+arithmetic, and the trainer's step takes about 0.8x the time with this path (README, The CPU
+default run). Results equal SDPA's to float rounding (tests/test_attention.py).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION = "aioareal"
+# Longest key length that takes the matmul path on the CPU. Measured on 2 cores (tiny shape, fp32):
+# the flash kernel wins from a few dozen keys on, by 2x at 256.
+SHORT_KEYS = 64
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """query (b, H, q, D), key/value (b, Hkv, k, D), mask broadcastable to (b, 1, q, k), bool
+    (True attends) or additive -> (b, q, H, D), as transformers' attention functions return."""
+    if (query.device.type != "cpu" or key.shape[2] > SHORT_KEYS or dropout
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or (is_causal is False and attention_mask is None)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    return short_attention(query, key, value, attention_mask, scaling), None
+
+
+def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """Causal (or masked) attention as matmuls; the H query heads are grouped by their Hkv key head."""
+    b, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    scale = scaling if scaling is not None else dim ** -0.5
+    q = (query * scale).reshape(b, kv_heads, group * q_len, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)).view(b, kv_heads, group, q_len, kv_len)
+    if attention_mask is None:  # plain causal, the queries being the last q_len positions
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    if attention_mask.dtype == torch.bool:
+        # The dtype's lowest value, not -inf: a row with no key to attend (padding) then gets finite
+        # weights instead of NaN, and its output is masked out of the loss anyway.
+        mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None]
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    else:
+        scores = scores + (attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None])
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(probs.view(b, kv_heads, group * q_len, kv_len), value)
+    return out.view(b, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+AttentionInterface.register(ATTENTION, attention_forward)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the same masks as "sdpa"
