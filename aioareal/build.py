@@ -165,16 +165,18 @@ def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int,
 
 
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
-                 compile: bool | None = None, timed: bool = True, seed: int | None = None) -> Engine:
+                 compile: bool | None = None, timed: bool = True, seed: int | None = None,
+                 fuse: bool = True) -> Engine:
     """The generation engine; `timed` records its phases for the metrics (a benchmark of the
     engine alone turns that off: on CUDA it costs two events per phase per step); `seed`: the
-    sampling seed (default run.seed; each torchrun rank has its own)."""
+    sampling seed (default run.seed; each torchrun rank has its own); `fuse`: fused q/k/v and
+    gate/up projections (generation/fusion.py; `model` must be the generator's own copy)."""
     g, a = config.generation, config.algo
     return Engine(model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
                   params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
                   seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
-                  compile=g.compile if compile is None else compile, timed=timed)
+                  compile=g.compile if compile is None else compile, timed=timed, fuse=fuse)
 
 
 def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:

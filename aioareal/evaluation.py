@@ -32,8 +32,11 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Ex
         return EvalResult(float("nan"), 0.0, 0)
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + max_new_tokens
+    # fuse=False: `model` is the trainer's own (or its gathered mirror, which checkpoints export);
+    # fusing would make its q/k/v and gate/up parameters share storage, which save_pretrained
+    # refuses and FSDP or a later `.to()` would silently undo (generation/fusion.py).
     engine = Engine(model, eos_ids, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
-                    params=SamplingParams(greedy=True, max_new_tokens=max_new_tokens))
+                    params=SamplingParams(greedy=True, max_new_tokens=max_new_tokens), fuse=False)
     for i, ids in enumerate(eval_set.prompt_ids):
         engine.submit(GroupRequest(i, ids, 1))
     completions: dict[int, list[int]] = {}

@@ -45,6 +45,16 @@ def test_gen_roofline_fraction_with_a_given_peak(capsys, tmp_path):
     assert r["peak_gbps"] == 100 and r["engine_roofline_frac"] == pytest.approx(r["engine_gbps"] / 100)
 
 
+def test_gen_compares_fused_and_unfused_projections(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "2", "--prompt-len", "4",
+                  "--new-tokens", "3", "--repeats", "1", "--compare-fusion")
+    assert r["fused"] is True and len(r["unfused_s_rounds"]) == 1
+    assert r["fused_vs_unfused"] == pytest.approx(r["engine_tok_s"] / r["unfused_tok_s"])
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "1", "--samples", "2", "--prompt-len", "3",
+                  "--new-tokens", "2", "--repeats", "1", "--no-fuse")
+    assert r["fused"] is False and "fused_vs_unfused" not in r
+
+
 def test_train_reports_padding_and_memory(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "train", "--samples", "6", "--prompt-len", "4", "--mean-len", "12",
                   "--max-len", "40", "--budget", "128", "--chunk", "8", "--repeats", "1")
@@ -54,6 +64,36 @@ def test_train_reports_padding_and_memory(capsys, tmp_path):
     assert 0 <= r["packed_padding_frac"] <= r["padded_padding_frac"] < 1
     assert r["padded_micro_batches"] >= r["packed_micro_batches"] >= 1
     assert r["chunked_logits_gb"] < r["naive_logits_gb"]
+    assert r["peak_tflops"] is None and r["packed_chunked_mfu"] is None  # CPU: no peak unless given
+
+
+def test_train_reports_mfu_and_weight_sync_cost(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "train", "--samples", "4", "--prompt-len", "4", "--mean-len", "8",
+                  "--max-len", "16", "--budget", "128", "--chunk", "8", "--repeats", "2", "--peak-tflops", "0.5")
+    # tiny: 804,992 parameters less the tied 128 x 128 embedding (its LM head).
+    assert r["non_embedding_params"] == 804_992 - 128 * 128 and r["peak_tflops"] == 0.5
+    for name in ("packed_chunked", "packed_naive", "padded_chunked"):
+        assert r[f"{name}_mfu"] == pytest.approx(6 * r["non_embedding_params"] * r[f"{name}_tok_s"] / 0.5e12)
+    # Full sync of the fp32 model into an fp32 generator copy (the CPU's generation dtype).
+    assert r["publish_mb"] == pytest.approx(804_992 * 4 / 1e6) and r["publish_ms"] > 0 and r["adopt_ms"] > 0
+    assert main(["bench", "train", "--samples", "2", "--prompt-len", "4", "--mean-len", "4", "--max-len", "8",
+                 "--budget", "64", "--chunk", "8", "--repeats", "1", "--peak-tflops", "1", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "weight sync       publish: 3.2 MB, " in printed and "; adopt: " in printed and "MFU " in printed
+
+
+def test_mfu_arithmetic_and_peak_lookup(monkeypatch):
+    import torch
+
+    from aioareal.bench.roofline import mfu, peak_bf16_tflops
+
+    # 6 FLOPs per parameter per token: 1e9 parameters at 1,000 tokens/s is 6 TFLOPS, 0.6% of 989.
+    assert mfu(10**9, 1000.0, 989.0) == pytest.approx(6e12 / 989e12)
+    assert peak_bf16_tflops(torch.device("cpu")) is None
+    for name, peak in (("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0),
+                       ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        assert peak_bf16_tflops(torch.device("cuda", 0)) == peak
 
 
 def test_train_lora_against_full_fine_tuning(capsys, tmp_path):
@@ -107,6 +147,7 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
                                       "sync,one-step,async"),
     (["gen", "--model", "no-such-shape"], "error: --model no-such-shape: neither a shape"),
     (["gen", "--samples", "4", "--slots", "2"], "error: --slots 2 cannot hold one group of --samples 4"),
+    (["gen", "--no-fuse", "--compare-fusion"], "error: --compare-fusion times the fused engine"),
 ])
 def test_bad_options_are_one_line_errors(capsys, args, expected):
     assert main(["bench", *args]) == 2

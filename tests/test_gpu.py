@@ -117,6 +117,37 @@ def test_weight_sync_on_streams_lands_before_the_next_forward():
     assert all(v == 1 for c in results[0].completions for v in c.versions)
 
 
+def test_fused_engine_in_graphs_decodes_with_synced_weights():
+    """Fused q/k/v and gate/up (generation/fusion.py) inside captured graphs: after a weight sync the
+    replayed decode and the prefill use the new weights, matching an HF forward that holds them."""
+    trainer_model = random_model("tiny", torch.float32, CUDA, seed=1)
+    generator_model = random_model("tiny", torch.float32, CUDA, seed=2)
+    engine = _engine(generator_model, graphs=True, seed=5)
+    assert engine.fwd.fused
+    sync = WeightSync(trainer_model, generator_model)
+    _generate(engine, groups=1)  # graphs captured over the old weights
+    sync.publish(1)
+    engine.adopt(*sync.apply(engine.stream))
+    results = _generate(engine, groups=2)
+    assert engine.graphs.graphs
+    _check_against_hf(trainer_model, results, 1e-4)
+
+
+def test_uploads_do_not_wait_for_the_stream():
+    """The engine's metadata copies (generation/upload.py) are pinned and non-blocking: launched
+    behind a long kernel, they return while it still runs, and land in order after it."""
+    from aioareal.generation.upload import upload, upload_padded
+
+    stream = torch.cuda.Stream(CUDA)
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1_000_000_000)  # about half a second of device time at ~2 GHz
+        flat, padded = upload(list(range(1000)), CUDA), upload_padded([[1, 2], [3]], CUDA)
+        busy = not stream.query()
+    stream.synchronize()
+    assert busy, "an upload waited for the stream: a hidden host sync"
+    assert torch.equal(flat.cpu(), torch.arange(1000)) and padded.tolist() == [[1, 2], [3, 0]]
+
+
 def test_bf16_training_step_and_async_run(tmp_path):
     from aioareal.config import load_config
     from aioareal.run import train

@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="capture the engine's decode steps in CUDA graphs (CUDA only; default on)")
     p.add_argument("--compile", action="store_true",
                    help="compile the engine's decode step with torch.compile (see generation.compile)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="fused q/k/v and gate/up projections in the engine (default on)")
+    p.add_argument("--compare-fusion", action="store_true",
+                   help="also time an unfused engine on the same model in the same rounds (fused_vs_unfused)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
 
@@ -46,6 +50,8 @@ def _check(args: argparse.Namespace) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.slots and args.slots < args.samples:
         raise UserError(f"--slots {args.slots} cannot hold one group of --samples {args.samples}")
+    if args.compare_fusion and not args.fuse:
+        raise UserError("--compare-fusion times the fused engine against an unfused one: drop --no-fuse")
 
 
 def random_prompts(model: PreTrainedModel, count: int, length: int, seed: int) -> torch.Tensor:
@@ -98,15 +104,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     setting = Config(generation=GenerationSettings(max_new_tokens=args.new_tokens, num_slots=slots, temperature=1.0,
                                                  top_p=1.0, cuda_graphs=args.cuda_graphs), run=RunConfig(seed=args.seed))
     max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
-    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False)
+    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
     config = generate_config(model, args.samples, args.new_tokens)
     prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
           f"{args.prompts} prompts x {args.samples} samples, {args.prompt_len}-token prompts, "
           f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
-    runs = alternate({"engine": lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens),
-                      "generate": lambda: run_generate(model, prompts_dev, config)}, args.repeats, device)
+    contenders = {"engine": lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens),
+                  "generate": lambda: run_generate(model, prompts_dev, config)}
+    if args.compare_fusion:  # the same model: its modules read the fused storage, one matmul each
+        plain = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=False)
+        contenders["unfused"] = lambda: run_engine(plain, prompt_rows, args.samples, args.new_tokens)
+    runs = alternate(contenders, args.repeats, device)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
+    result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
+    if args.compare_fusion:
+        result["unfused_s_rounds"] = [m.seconds for m in runs["unfused"]]
+        result["unfused_tok_s"] = runs["unfused"][-1].result / median_seconds(runs["unfused"])
+        result["fused_vs_unfused"] = ratio(result["engine_tok_s"], result["unfused_tok_s"])
     report(result)
     return result
 
@@ -153,6 +168,8 @@ def report(r: dict[str, Any]) -> None:
         print(f"  {name:<9} {r[name + '_tok_s']:>10.0f} tok/s  ({r[name + '_tokens']} tokens, "
               f"median {r[name + '_s']:.3f} s of {r['repeats']})")
     print(f"  ratio     {r['ratio']:>10.2f}x engine / generate")
+    if "fused_vs_unfused" in r:
+        print(f"  unfused   {r['unfused_tok_s']:>10.0f} tok/s; fused / unfused {r['fused_vs_unfused']:.2f}x")
     if r["engine_peak_mem_gb"] is not None:
         print(f"  memory    engine {r['engine_peak_mem_gb']:.2f} GB (KV cache + working peak), "
               f"generate {r['generate_peak_mem_gb']:.2f} GB (working peak), weights excluded")

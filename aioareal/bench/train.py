@@ -10,6 +10,11 @@ each against its naive baseline, on the same model and the same synthetic sample
 With `--lora-rank R` it compares LoRA against full fine-tuning instead (train_lora.py): tokens/s,
 trainer state memory and the weight sync's bytes per publish.
 
+Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x tokens/s over the
+device's dense bf16 peak, looked up for H100/H200/A100 or given by --peak-tflops; on the CPU only
+with --peak-tflops), and the full weight sync's cost: MB and ms per publish, ms per adoption
+(sync_cost.py).
+
 Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory is torch's peak allocation
 on CUDA; on the CPU it cannot be measured cleanly, so the bench reports the analytic size of the
 largest fp32 logits tensor each variant materialises (and says so). CUDA peaks exclude the weights.
@@ -30,11 +35,14 @@ from ..orchestrator.simulated import gsm8k_like_length
 from ..samples import Sample
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
+from . import sync_cost
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
                       pick_device, pick_dtype, ratio)
+from .roofline import mfu, non_embedding_params, peak_bf16_tflops
 from .train_lora import run_lora
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
+VARIANTS = {"packed_chunked": "packed + chunked", "packed_naive": "packed + naive", "padded_chunked": "padded + chunked"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="compare LoRA of this rank against full fine-tuning instead (needs peft; default 0: off)")
     p.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
+                        "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
 
 
 def synthetic_samples(n: int, prompt_len: int, mean: float, cap: int, vocab: int, seed: int) -> list[Sample]:
@@ -129,6 +140,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.lora_rank < 0:
         raise UserError(f"--lora-rank must be >= 0, got {args.lora_rank}")
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        raise UserError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
     if args.lora_rank:
         return run_lora(args, chunked_loss(args.chunk), lambda vocab: synthetic_samples(
             args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed))
@@ -163,19 +176,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["naive_logits_gb"] = logits_bytes(packed, vocab, None) / 1e9
     result["chunked_vs_naive_tok_s"] = ratio(result["packed_chunked_tok_s"], result["packed_naive_tok_s"])
     result["packed_vs_padded_tok_s"] = ratio(result["packed_chunked_tok_s"], result["padded_chunked_tok_s"])
+    add_utilisation(result, model, args.peak_tflops or (peak_bf16_tflops(device) if autocast else None))
+    result.update(sync_cost.measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
     report(result)
     return result
 
 
+def add_utilisation(result: dict[str, Any], model: PreTrainedModel, peak_tflops: float | None) -> None:
+    """MFU of each variant (roofline.py), when a peak is known: looked up only for bf16/fp16 autocast,
+    as the table holds tensor-core half-precision peaks."""
+    params = non_embedding_params(model)
+    result["non_embedding_params"], result["peak_tflops"] = params, peak_tflops
+    for name in VARIANTS:
+        result[f"{name}_mfu"] = mfu(params, result[f"{name}_tok_s"], peak_tflops) if peak_tflops else None
+
+
 def report(r: dict[str, Any]) -> None:
     cuda = r["peak_mem_kind"] == "cuda_max_memory_allocated"
-    for name, label in (("packed_chunked", "packed + chunked"), ("packed_naive", "packed + naive"),
-                        ("padded_chunked", "padded + chunked")):
-        mem = f", peak {r[name + '_peak_mem_gb']:.2f} GB" if cuda else ""
-        print(f"  {label:<17} {r[name + '_tok_s']:>10.0f} tok/s{mem}")
+    for name, label in VARIANTS.items():
+        mem = f", peak {r[name + '_peak_mem_gb']:.2f} GB beyond the weights" if cuda else ""
+        util = f", MFU {100 * r[name + '_mfu']:.1f}% of {r['peak_tflops']:g} TFLOPS" if r["peak_tflops"] else ""
+        print(f"  {label:<17} {r[name + '_tok_s']:>10.0f} tok/s{util}{mem}")
     print(f"  chunked / naive   {r['chunked_vs_naive_tok_s']:.2f}x tok/s; largest fp32 logits tensor "
           f"{1000 * r['chunked_logits_gb']:.1f} MB vs {1000 * r['naive_logits_gb']:.1f} MB"
           + ("" if cuda else " (analytic: CPU peak memory is not measurable cleanly)"))
     print(f"  packed / padded   {r['packed_vs_padded_tok_s']:.2f}x tok/s; padding "
           f"{100 * r['packed_padding_frac']:.1f}% ({r['packed_micro_batches']} micro-batches) vs "
-          f"{100 * r['padded_padding_frac']:.1f}% ({r['padded_micro_batches']})", flush=True)
+          f"{100 * r['padded_padding_frac']:.1f}% ({r['padded_micro_batches']})")
+    print(f"  weight sync       {sync_cost.line(r)}", flush=True)

@@ -9,6 +9,12 @@ Weights belong to the model the engine wraps. When the trainer publishes a new v
 engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
 default every running sequence's KV cache is recomputed under the new weights (AReaL's
 interruptible generation; DESIGN rule 3).
+
+Host syncs, all of them: the `.cpu()` of each step's sampled tokens (the one the design allows);
+capturing a new CUDA graph (`torch.cuda.graph` synchronizes on entry: once per batch bucket and
+span, graphs.py); and `PhaseTimer.take()` reading its events, only after that `.cpu()`. Everything
+else the host sends (slots, lengths, prompt tokens) goes up by pinned non-blocking copies
+(upload.py), and every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from .forward import FastForward
 from .graphs import DecodeGraphs, can_use_own_generator
 from .sampling import SamplingParams, sample
 from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
+from .upload import upload, upload_padded
 
 # With CUDA graphs the attention span is rounded up to a bucket so few graphs are captured;
 # eager decoding attends over exactly the live context.
@@ -33,13 +40,16 @@ GRAPH_SPAN_BUCKET = 64
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
-                 recompute_kv: bool = True, compile: bool = False, timed: bool = False) -> None:
+                 recompute_kv: bool = True, compile: bool = False, timed: bool = False,
+                 fuse: bool = True) -> None:
+        """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
+        parameters are re-pointed into (fusion.py); pass False for a model that also trains."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
         self.max_len = max_len
         self.recompute_kv = recompute_kv
-        self.fwd = FastForward(model, max_len)
+        self.fwd = FastForward(model, max_len, fuse=fuse)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
@@ -143,10 +153,11 @@ class Engine:
     def _prefill(self, groups: list[GroupState], admitted: list[Running]) -> torch.Tensor:
         """Prefill the admitted prompts, sample their first tokens; returns (2, len(admitted))."""
         prompts = [g.request.prompt_ids for g in groups]
-        lengths = torch.tensor([len(p) for p in prompts], device=self.device)
-        tokens = _pad(prompts, self.device)
+        # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
+        lengths = upload([len(p) for p in prompts], self.device)
+        tokens = upload_padded(prompts, self.device)
         copies = groups[0].request.n
-        slots = torch.tensor([r.slot for r in admitted], device=self.device)
+        slots = upload([r.slot for r in admitted], self.device)
         if any(g.request.n != copies for g in groups):  # mixed group sizes: one prefill each
             hidden = torch.cat([self.fwd.prefill(self.cache, tokens[j:j + 1], lengths[j:j + 1],
                                                  self._slots_of(admitted, g), g.request.n).repeat(g.request.n, 1)
@@ -154,14 +165,14 @@ class Engine:
         else:
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
-        pos = torch.tensor([len(r.group.request.prompt_ids) for r in admitted], device=self.device)
+        pos = upload([len(r.group.request.prompt_ids) for r in admitted], self.device)
         self.next_token[slots], self.position[slots], self.live[slots] = tok, pos, True
         for r in admitted:
             self.running[r.slot] = r
         return torch.stack([tok.to(torch.float32), lp])
 
     def _slots_of(self, admitted: list[Running], group: GroupState) -> torch.Tensor:
-        return torch.tensor([r.slot for r in admitted if r.group is group], device=self.device)
+        return upload([r.slot for r in admitted if r.group is group], self.device)
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1
@@ -200,9 +211,9 @@ class Engine:
         """Re-prefill every running sequence (prompt + tokens so far) under the current weights."""
         seqs = list(self.running.values())
         prefixes = [r.group.request.prompt_ids + r.completion.tokens[:-1] for r in seqs]
-        lengths = torch.tensor([len(p) for p in prefixes], device=self.device)
-        slots = torch.tensor([r.slot for r in seqs], device=self.device)
-        self.fwd.prefill(self.cache, _pad(prefixes, self.device), lengths, slots)
+        lengths = upload([len(p) for p in prefixes], self.device)
+        slots = upload([r.slot for r in seqs], self.device)
+        self.fwd.prefill(self.cache, upload_padded(prefixes, self.device), lengths, slots)
         self.stale_cache = False
 
     def _bookkeep(self, admitted: list[Running], host: torch.Tensor | None, has_first: bool) -> list[GroupResult]:
@@ -223,7 +234,7 @@ class Engine:
             max_pos = pos if pos > max_pos else max_pos
         self.max_pos = max_pos
         if done_slots:
-            self.live[torch.tensor(done_slots, device=self.device)] = False
+            self.live[upload(done_slots, self.device)] = False  # ordered on the engine's stream
         return finished
 
     def _append(self, r: Running, token: int, logprob: float, done_slots: list[int],
@@ -248,11 +259,3 @@ class Engine:
         if r.group.unfinished == 0:
             finished.append(GroupResult(r.group.request, r.group.completions))
         return -1
-
-
-def _pad(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out.to(device, non_blocking=True)

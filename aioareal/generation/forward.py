@@ -2,7 +2,8 @@
 
 The engine does not copy weights: it calls the HF model's Linear and norm modules, so a weight
 sync that copies into those parameters (`param.copy_`) is seen by the next step, CUDA graphs
-included. The cache is preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill
+included. With `fuse` (the default) q/k/v and gate/up each run as one matmul over a fused weight
+that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill
 writes a whole prompt, decode writes one token per slot and attends over a length bucket.
 
 Supported: architectures with `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..errors import UserError
+from .fusion import FusedLinear, fuse
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
@@ -37,7 +39,7 @@ class KVCache:
 class FastForward:
     """Prefill and decode over a static KV cache, reusing the HF model's parameters in place."""
 
-    def __init__(self, model: PreTrainedModel, max_len: int) -> None:
+    def __init__(self, model: PreTrainedModel, max_len: int, fuse: bool = True) -> None:
         self.model = model
         base = model.model
         self.layers = list(base.layers)
@@ -57,6 +59,24 @@ class FastForward:
         self.cos = (emb.cos() * scale).to(dtype)  # (max_len, head_dim)
         self.sin = (emb.sin() * scale).to(dtype)
         self.max_len = max_len
+        self._fuse_projections(fuse)
+
+    def _fuse_projections(self, enabled: bool) -> None:
+        """Per layer, the fused (q|k|v) and (gate|up) projections, or None where a layer's modules
+        run one by one (fusion off or unsafe for that layer: fusion.fusable)."""
+        self.qkv: list[FusedLinear | None] = [None] * len(self.layers)
+        self.gate_up: list[FusedLinear | None] = [None] * len(self.layers)
+        if not enabled:
+            return
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            self.qkv[i] = fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up[i] = fuse([mlp.gate_proj, mlp.up_proj])
+
+    @property
+    def fused(self) -> bool:
+        """Whether every layer runs both fused projections."""
+        return all(f is not None for f in self.qkv + self.gate_up)
 
     @staticmethod
     def _check_supported(config) -> None:
@@ -97,12 +117,15 @@ class FastForward:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, layer, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    def _qkv(self, i: int, layer, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         attn = layer.self_attn
         n, t, _ = h.shape
-        q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
-        k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
-        v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        fused = self.qkv[i]
+        q, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
+        # Column slices of the fused output: `view` only splits the last dim, so it needs no copy.
+        q = q.view(n, t, self.heads, self.head_dim)
+        k = k.view(n, t, self.kv_heads, self.head_dim)
+        v = v.view(n, t, self.kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3
             q, k = self._norm(attn.q_norm, q), self._norm(attn.k_norm, k)
         return self._rope(q, rope), self._rope(k, rope), v
@@ -120,9 +143,11 @@ class FastForward:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2).flatten(2)
 
-    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
-        return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        fused = self.gate_up[i]
+        gate, up = fused(h) if fused is not None else (mlp.gate_proj(h), mlp.up_proj(h))
+        return mlp.down_proj(F.silu(gate) * up)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self._norm(self.model.model.norm, hidden))
@@ -144,11 +169,11 @@ class FastForward:
         rope = self._rope_tables(pos)
         for i, layer in enumerate(self.layers):
             x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._qkv(layer, x, rope)
+            q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
             cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
             h = h + layer.self_attn.o_proj(self._attend(q, k, v, mask))
-            h = h + self._mlp(layer, self._norm(layer.post_attention_layernorm, h))
+            h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         last = (lengths - 1).clamp(min=0)
         return h[torch.arange(n, device=h.device), last]
 
@@ -166,7 +191,7 @@ class FastForward:
         rope = self._rope_tables(pos[:, None])
         for i, layer in enumerate(self.layers):
             x = self._norm(layer.input_layernorm, h)
-            q, k, v = self._qkv(layer, x, rope)
+            q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][rows, pos] = k[:, 0]
             cache.v[i][rows, pos] = v[:, 0]
             if slots is None:
@@ -174,5 +199,5 @@ class FastForward:
             else:
                 attn = self._attend(q, cache.k[i][slots, :span], cache.v[i][slots, :span], mask)
             h = h + layer.self_attn.o_proj(attn)
-            h = h + self._mlp(layer, self._norm(layer.post_attention_layernorm, h))
+            h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         return h[:, 0]

@@ -60,6 +60,8 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         if self.generator is not None:
             graph.register_generator_state(self.generator)
+        # A host sync: `torch.cuda.graph` synchronizes the device on entry. Once per new (batch
+        # bucket, span) key, so a run pays it a handful of times while the span grows, then never.
         with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream(),
                               capture_error_mode=CAPTURE_MODE):
             out = self.decode(batch, span)
