@@ -11,11 +11,15 @@ default run). Results equal SDPA's to float rounding (tests/test_attention.py).
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-ATTENTION = "aioareal"
+try:  # pluggable attention functions and masks: transformers >= 4.53
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError:  # older transformers: models load with plain SDPA (correct, slower on the CPU)
+    AttentionInterface = None
+
+ATTENTION = "aioareal" if AttentionInterface is not None else "sdpa"
 # Longest key length that takes the matmul path on the CPU. Measured on 2 cores (tiny shape, fp32):
 # the flash kernel wins from a few dozen keys on, by 2x at 256.
 SHORT_KEYS = 64
@@ -57,5 +61,6 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.view(b, heads, q_len, dim).transpose(1, 2).contiguous()
 
 
-AttentionInterface.register(ATTENTION, attention_forward)
-AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the same masks as "sdpa"
+if AttentionInterface is not None:
+    AttentionInterface.register(ATTENTION, attention_forward)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # the same masks as "sdpa"
