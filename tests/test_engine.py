@@ -134,3 +134,11 @@ def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
     for key, c in every.items():
         assert live[key].tokens == c.tokens
         torch.testing.assert_close(torch.tensor(live[key].logprobs), torch.tensor(c.logprobs), atol=1e-5, rtol=1e-5)
+
+
+def test_live_decode_pays_on_short_contexts_or_when_half_the_slots_are_done():
+    from aioareal.generation.engine import SHORT_SPAN, live_decode_pays
+
+    assert not live_decode_pays(8, 8, 1)  # nothing finished
+    assert live_decode_pays(7, 8, SHORT_SPAN)  # short contexts: gathering their cache rows is cheap
+    assert not live_decode_pays(5, 8, SHORT_SPAN + 1) and live_decode_pays(4, 8, 1000)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..generation import Completion, GroupRequest, GroupResult
+from ..generation.engine import SHORT_SPAN, live_decode_pays
 from ..orchestrator.simulated import QueuedSequences
 from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
@@ -126,9 +127,9 @@ class ProfiledGenerator(QueuedSequences):
         free, step, taken, aside, plan = self.free_slots(), self.steps, [], [], []
         while self.ends:
             end = self.ends[0][0]
-            # The engine decodes slots [0, highest live]; on the CPU only the running ones (engine._decode_live).
-            rows = len(self.running) - len(gone) if self.live_rows else self._top(self.by_slot, gone, aside) + 1
-            plan.append(Segment(1 if SINGLE_STEPS else end - step, rows, self._top(self.by_reach, gone, aside) + step))
+            # The engine decodes slots [0, highest live]; on the CPU only the running ones where that pays.
+            rows, span = self._top(self.by_slot, gone, aside) + 1, self._top(self.by_reach, gone, aside) + step
+            plan += self._segments(1 if SINGLE_STEPS else end - step, rows, len(self.running) - len(gone), span)
             if SINGLE_STEPS:
                 break
             step, done = end, False
@@ -146,6 +147,17 @@ class ProfiledGenerator(QueuedSequences):
         for heap, entry in aside:
             heapq.heappush(heap, entry)
         return plan
+
+    def _segments(self, steps: int, rows: int, live: int, span: int) -> list[Segment]:
+        """`steps` decode steps from `span` on over slots [0, rows), `live` of them running. A CPU
+        engine decodes the live ones alone while that pays (live_decode_pays), which may stop when
+        the span grows past SHORT_SPAN: then the segment splits there."""
+        if not self.live_rows or not live_decode_pays(live, rows, span):
+            return [Segment(steps, rows, span)]
+        if live_decode_pays(live, rows, span + steps - 1):
+            return [Segment(steps, live, span)]
+        short = SHORT_SPAN - span + 1  # steps whose span is still short
+        return [Segment(short, live, span), Segment(steps - short, rows, span + short)]
 
     def _top(self, heap: list[tuple[int, int, int]], gone: set[int], aside: list) -> int:
         """The largest key (negated in the max-heap) among running sequences not in `gone`; entries
