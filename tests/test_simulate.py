@@ -71,6 +71,21 @@ def test_sync_step_time_is_the_sum_of_its_parts():
     assert r.staleness == {0: 6 * 4} and r.len_mean == 10
 
 
+def test_a_measured_train_cost_counts_the_positions_the_trainer_computes():
+    """Profiles from `bench profile` count token positions (padding included, prompts once per group
+    with shared prompts: batching.computed_positions); published ones count real tokens."""
+    import dataclasses
+
+    tokens = profile(train=(0.0, 1e-3))
+    positions = dataclasses.replace(tokens, train=TrainCost(0.0, 1e-3, unit="positions", budget=10_000, share=True))
+    decode = 9 * 0.01  # fixed length 10: prefill gives token 1, nine decode steps the rest
+    # B=2 groups of G=2 with 4-token prompts: 4 x 14 = 56 real tokens; 2 x 4 + 4 x 10 = 48 positions.
+    assert run(tokens, "sync", 0).s_per_step == pytest.approx(decode + 0.056)
+    assert run(positions, "sync", 0).s_per_step == pytest.approx(decode + 0.048)
+    with pytest.raises(UserError, match="train.unit"):
+        profile_from_dict({**json.loads(positions.to_json()), "train": {"a": 0, "b": 1e-3, "unit": "positions"}}, "p")
+
+
 def test_a_cpu_engine_decodes_running_slots_a_gpu_one_every_slot_up_to_the_highest():
     """Each group holds a 2-token and a 10-token sample; after the first decode step the short ones
     are done. The CPU engine then decodes 2 rows (engine._decode_live), a GPU one still slots 0..3."""

@@ -229,3 +229,16 @@ def test_step_reports_behaviour_weights_max_over_micro_batches():
     assert metrics["capped_frac"] == pytest.approx(float((w > 5).float().mean()), abs=1e-6)
     assert metrics["capped_neg_frac"] == pytest.approx(float(((w > 5) & (adv < 0)).float().mean()), abs=1e-6)
     assert metrics["stale_token_frac"] == 1.0
+
+
+def test_computed_positions_count_padding_and_shared_prompts_once():
+    from aioareal.trainer.batching import computed_positions
+
+    a, b = [4, 5, 6], [7, 8]
+    samples = [_sample(a, [1] * 2), _sample(a, [1] * 5), _sample(b, [1] * 3)]
+    # One micro-batch (budget 100): 3 rows x the longest row (3 + 5) padded; shared: prompts 2 x 3
+    # wide, then 3 completions x 5 wide.
+    assert computed_positions(samples, 100, share=False) == 3 * 8
+    assert computed_positions(samples, 100, share=True) == 2 * 3 + 3 * 5
+    # Budget 10: plan() cuts [5, 5] | [8]: 2 x 5 + 1 x 8 padded.
+    assert computed_positions(samples, 10, share=False) == 2 * 5 + 8

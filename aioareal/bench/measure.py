@@ -12,6 +12,7 @@ from typing import Callable
 from ..generation import Completion, GroupRequest
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards import RewardService
+from ..trainer.batching import computed_positions
 from ..tasks.scoring import per_item
 from ..samples import Group, Sample
 from ..simulate.lengths import length_sampler
@@ -83,8 +84,10 @@ def synthetic_groups(batch: int, size: int, prompt_len: int, mean: float, cap: i
 
 
 async def train_point(trainer: TrainerWorker, groups: list[Group]) -> tuple[int, float, float]:
-    """(real tokens, seconds of the step without the publish, seconds of the publish)."""
-    tokens = sum(len(s.prompt_ids) + len(s.tokens) for g in groups for s in g.samples)
+    """(token positions the trainer computes, seconds of the step without the publish, seconds of
+    the publish); positions as batching.computed_positions counts them."""
+    t = trainer.trainer
+    tokens = computed_positions([s for g in groups for s in g.samples], t.micro_batch_tokens, t.share_prompts)
     start = time.perf_counter()
     metrics = await trainer.train(groups)
     seconds = time.perf_counter() - start

@@ -98,7 +98,8 @@ async def measure(args: argparse.Namespace, gen: Any, trainer: Any, max_len: int
     shared = await contention(gen, trainer, groups, size, min(args.prompt_len + int(args.mean_len), max_len - 64),
                               PROFILE_NEW_TOKENS, args.repeats, CONTENTION_ROUNDS, vocab, args.seed)
     reward = await reward_seconds(size, 8)
-    return {"engine": engine, "train": train, "publish": median(publish), "adopt": adopt, "contention": shared,
+    return {"engine": engine, "train": train, "train_budget": trainer.trainer.micro_batch_tokens,
+            "train_share": trainer.trainer.share_prompts, "publish": median(publish), "adopt": adopt, "contention": shared,
             "reward": reward}
 
 
@@ -116,7 +117,7 @@ def profile_of(args: argparse.Namespace, m: dict[str, Any], device: torch.device
         name=name, kind="measured", device=f"{device} ({device_name}, {torch.get_num_threads()} threads)",
         model=model_label(args.model), dtype=str(dtype).replace("torch.", ""),
         decode=DecodeCost.fitted(m["engine"].decode), prefill=PrefillCost.fitted(m["engine"].prefill),
-        train=TrainCost.fitted(m["train"]), publish_s=m["publish"], adopt_s=m["adopt"], reward_s=m["reward"],
+        train=TrainCost.fitted(m["train"], unit="positions", budget=m["train_budget"], share=m["train_share"]), publish_s=m["publish"], adopt_s=m["adopt"], reward_s=m["reward"],
         contention=Contention(max(1.0, c["decode_with_train_s"] / c["decode_alone_s"]),
                               max(1.0, c["train_with_decode_s"] / c["train_alone_s"]), how),
         param_count=params, setup=setup,
@@ -154,7 +155,7 @@ def summary(p: Profile, path: Path) -> dict[str, Any]:
            "contention_gen": p.contention.gen, "contention_train": p.contention.train}
     print(f"  decode step {out['decode_a_ms']:.3f} ms + {out['decode_b_us']:.2f} us/seq + "
           f"{out['decode_c_ns']:.3f} ns/(seq x span token) (fit within {100 * out['decode_fit_worst']:.0f}%)\n"
-          f"  train step {p.train.a:.3f} s + {out['train_b_us']:.2f} us/token (fit within "
+          f"  train step {p.train.a:.3f} s + {out['train_b_us']:.2f} us/token position (fit within "
           f"{100 * out['train_fit_worst']:.0f}%); publish {1e3 * p.publish_s:.2f} ms, adopt {1e3 * p.adopt_s:.2f} ms, "
           f"reward {1e3 * p.reward_s:.2f} ms/group\n  contention: {p.contention.how}\n  wrote {path}", flush=True)
     return out

@@ -8,8 +8,9 @@ Each cost is a linear model whose terms say what the work scales with:
   prefill  extra seconds of a step that prefills p prompts padded to width w:
            a + b*p*w + c*p*w^2 (c: attention's quadratic part); also the KV recompute after a
            weight update mid-rollout (p running sequences, w their longest prefix)
-  train    seconds of one training step on `tokens` real (prompt + completion) tokens, packed at
-           the profile's micro-batch budget, publish excluded: a + b*tokens
+  train    seconds of one training step on `tokens` token positions the trainer computes (padding
+           included, at the profile's micro-batch budget; real tokens in older and published
+           profiles: `unit`), publish excluded: a + b*tokens
 plus fixed seconds for publishing and adopting a version and for scoring one group, and the
 contention factors of a single-device cell: how much slower a train step runs while the generator
 decodes (and a decode step while the trainer trains) than alone. Every number says where it came
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..samples import Sample
+from ..trainer.batching import computed_positions
 
 FORMAT = "aioareal-profile/1"
 
@@ -89,13 +92,25 @@ class TrainCost:
     a: float
     b: float
     points: list[list[float]] = field(default_factory=list)  # [tokens, seconds]
+    # What `tokens` counts: "tokens", the real prompt + completion tokens (profiles derived from
+    # published figures), or "positions", what the trainer computes (batching.computed_positions,
+    # padding included) at this micro-batch `budget`, with or without shared prompts (`share`).
+    unit: str = "tokens"
+    budget: int = 0
+    share: bool = False
 
     def seconds(self, tokens: int) -> float:
         return self.a + self.b * tokens
 
+    def count(self, samples: list[Sample]) -> int:
+        """The samples' size in this cost's unit."""
+        if self.unit == "positions":
+            return computed_positions(samples, self.budget, self.share)
+        return sum(len(s.prompt_ids) + len(s.tokens) for s in samples)
+
     @classmethod
-    def fitted(cls, points: list[list[float]]) -> "TrainCost":
-        return cls(*fit([[1.0, n] for n, _ in points], [t for _, t in points]), points=points)
+    def fitted(cls, points: list[list[float]], **unit: Any) -> "TrainCost":
+        return cls(*fit([[1.0, n] for n, _ in points], [t for _, t in points]), points=points, **unit)
 
     def predicted(self) -> list[float]:
         return [self.seconds(int(n)) for n, _ in self.points]
@@ -182,6 +197,9 @@ def check_profile(p: Profile, where: str) -> None:
     costs = {"decode.a": p.decode.a, "decode.b": p.decode.b, "decode.c": p.decode.c, "prefill.a": p.prefill.a,
              "prefill.b": p.prefill.b, "prefill.c": p.prefill.c, "train.a": p.train.a, "train.b": p.train.b,
              "publish_s": p.publish_s, "adopt_s": p.adopt_s, "reward_s": p.reward_s}
+    if p.train.unit not in ("tokens", "positions") or (p.train.unit == "positions" and p.train.budget <= 0):
+        raise UserError(f"{where}: train.unit must be 'tokens' or 'positions' (with a train.budget > 0), "
+                        f"got {p.train.unit!r} (budget {p.train.budget})")
     bad = [k for k, v in costs.items() if not isinstance(v, (int, float)) or v < 0]
     if bad:
         raise UserError(f"{where}: {', '.join(bad)} must be numbers >= 0")

@@ -88,8 +88,10 @@ def _cell(profile: Profile, setting: Setting, topology: Topology, schedule: Sche
     slots = setting.slots or setting.batch_groups * setting.group_size
     # Cell 0 draws the lengths `bench e2e` forces with the same seed, group by group.
     gen = ProfiledGenerator(profile, device, trainer, slots, draw, setting.seed + index, setting.recompute_kv)
-    prompt = [0] * setting.prompt_len
-    prompts = PromptSource([Example(str(i), "", "") for i in range(PROMPTS)], lambda e: prompt, setting.seed)
+    # Distinct prompts (only their lengths cost anything): a trainer with shared prompts computes
+    # each group's prompt once, and equal prompts across groups would count once in all.
+    prompts = PromptSource([Example(str(i), "", "") for i in range(PROMPTS)],
+                           lambda e: [int(e.uid)] + [0] * (setting.prompt_len - 1), setting.seed)
     rewards = random.Random(setting.seed + 1 + index)
     reward_s = profile.reward_s if setting.reward_s is None else setting.reward_s
 

@@ -251,9 +251,10 @@ class ProfiledTrainer:
         self.tokens: list[int] = []  # real tokens of each step
 
     async def train(self, groups: list[Group]) -> dict[str, float]:
-        tokens = sum(len(s.prompt_ids) + len(s.tokens) for g in groups for s in g.samples)
+        samples = [s for g in groups for s in g.samples]
+        tokens = sum(len(s.prompt_ids) + len(s.tokens) for s in samples)
         self.tokens.append(tokens)
-        compute = self.p.train.seconds(tokens)
+        compute = self.p.train.seconds(self.p.train.count(samples))
         if self.lockstep.parties == 1:
             await self._work(compute + self.publish_s)
         else:  # gradients of every cell, all-reduced, then the optimizer step and the publish

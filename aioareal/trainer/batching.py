@@ -85,6 +85,22 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def computed_positions(samples: list[Sample], budget: int, share: bool) -> int:
+    """Token positions the trainer's forward computes for these samples, padding included: per
+    micro-batch of `plan`, rows x the longest row; with shared prompts, the distinct prompts x the
+    longest of them plus rows x the longest completion. A step's cost follows this, not the real
+    tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
+    total = 0
+    for idx in plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget):
+        part = [samples[i] for i in idx]
+        if share:
+            prompts = {tuple(s.prompt_ids) for s in part}
+            total += len(prompts) * max(map(len, prompts)) + len(part) * max(len(s.tokens) for s in part)
+        else:
+            total += len(part) * max(len(s.prompt_ids) + len(s.tokens) for s in part)
+    return total
+
+
 def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False) -> MicroBatch:
     """One micro-batch of these samples; with `share`, also in the shared-prompt layout."""
     rows = [s.prompt_ids + s.tokens for s in samples]
