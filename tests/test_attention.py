@@ -15,9 +15,9 @@ from aioareal.trainer.logprobs import token_logprobs
 def _reference(query, key, value, mask):
     group = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
-    if mask is None:
+    if mask is None:  # transformers' reading: one query sees every key, several are causal from key 0
         q_len, k_len = query.shape[2], key.shape[2]
-        mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+        mask = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - 1 if q_len == 1 else 0)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
 
 
@@ -30,9 +30,9 @@ def test_property_short_attention_equals_sdpa_with_its_gradients(b, kv_heads, gr
     q = torch.randn(b, kv_heads * group, q_len, 8, requires_grad=True)
     k = torch.randn(b, kv_heads, k_len, 8, requires_grad=True)
     v = torch.randn(b, kv_heads, k_len, 8, requires_grad=True)
-    mask = None
-    if padded:  # right padding of the keys on top of causality: the mask transformers builds
-        lengths = torch.randint(1, k_len + 1, (b,))
+    mask = None  # transformers passes none only for plain causal attention
+    if padded or past:  # keys cached before the queries, or right padding: the mask transformers builds
+        lengths = torch.randint(1, k_len + 1, (b,)) if padded else torch.full((b,), k_len)
         causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(past)
         mask = (causal[None] & (torch.arange(k_len)[None, :] < lengths[:, None])[:, None, :])[:, None]
         mask[..., 0] = True  # every query sees at least the first key (SDPA gives NaN otherwise)
@@ -44,6 +44,12 @@ def test_property_short_attention_equals_sdpa_with_its_gradients(b, kv_heads, gr
     expected = torch.autograd.grad((theirs * weights).sum(), (q, k, v))
     for g, e in zip(grads, expected):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_without_a_mask_one_query_sees_every_key():  # a decode step, as transformers' SDPA path reads it
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    theirs = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    torch.testing.assert_close(attention.short_attention(q, k, v, None, None), theirs.transpose(1, 2))
 
 
 def test_a_query_with_no_key_to_attend_stays_finite():

@@ -47,8 +47,11 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     scale = scaling if scaling is not None else dim ** -0.5
     q = (query * scale).reshape(b, kv_heads, group * q_len, dim)
     scores = torch.matmul(q, key.transpose(-1, -2)).view(b, kv_heads, group, q_len, kv_len)
-    if attention_mask is None:  # plain causal, the queries being the last q_len positions
-        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(kv_len - q_len)
+    if attention_mask is None:
+        # As transformers' SDPA path reads a missing mask: one query attends to every key; several
+        # are causal from the first key (the keys past them are a static cache's empty slots).
+        attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(
+            kv_len - 1 if q_len == 1 else 0)
     if attention_mask.dtype == torch.bool:
         # The dtype's lowest value, not -inf: a row with no key to attend (padding) then gets finite
         # weights instead of NaN, and its output is masked out of the loss anyway.
