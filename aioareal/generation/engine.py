@@ -200,7 +200,7 @@ class Engine:
         through the model (on the CPU the matmuls cost in proportion to the rows; a GPU decodes all
         n at about the cost of one, in a fixed-shape CUDA graph). Returns (2, n) like `_decode_into`,
         zeros at the finished slots, which bookkeeping never reads."""
-        slots = torch.tensor(sorted(self.running), device=self.device)
+        slots = upload(sorted(self.running), self.device)
         hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
         self.next_token[slots] = tok
