@@ -1,11 +1,15 @@
 """The overlapped engine (step t+1 launched before step t's tokens are read) against the plain one,
 and the device's own liveness rule against the host's bookkeeping."""
+import json
+
 import pytest
 import torch
 
+from aioareal.config import load_config
 from aioareal.generation import Engine, GroupRequest, SamplingParams
 from aioareal.generation.engine import resolve_overlap
 from aioareal.models import random_model
+from aioareal.run import train
 
 EOS = [3, 5, 52]
 
@@ -183,3 +187,17 @@ def test_cuda_overlap_sampled_runs_finish():
     assert engine.overlap
     done, _ = _run(engine, _requests())
     assert all(0 <= t < 128 for cs in done.values() for c in cs for t in c.tokens)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_training_run_with_overlap_on_the_cpu(tmp_path, mode):
+    """The whole loop with an overlapped engine: adoption mid-rollout (async) or between batches
+    (sync: the orchestrator adopts when nothing is in flight), results read a step late."""
+    run_dir = tmp_path / "run"
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=3", "algo.batch_groups=2",
+                                    "eval.every=0", "data.eval_size=8", "generation.overlap=true"],
+                         flags={"run.run_dir": str(run_dir), "rollout.mode": mode})
+    train(config, log=lambda *_: None, printer=lambda row: None)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows[1:]] == [1, 2, 3]
+    assert all(r["time_gen_sync"] >= 0 and r["time_gen_bookkeep"] >= 0 for r in rows[1:])
