@@ -176,7 +176,8 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
                   params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
                   seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
-                  compile=g.compile if compile is None else compile, timed=timed, fuse=fuse)
+                  compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
+                  overlap=g.overlap)
 
 
 def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:

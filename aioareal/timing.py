@@ -4,8 +4,9 @@
 On the CPU a phase is timed with `perf_counter`. On CUDA the host only launches work, so host time
 says little about a device phase: it is bracketed by two events on the current stream instead, and
 the events are read in `take()`, which callers make only after a host sync they make anyway (the
-trainer's one `.tolist()` per step, the engine's one `.cpu()` per decode step). Timing so adds no
-host sync. Phases of host work (bookkeeping) say `host=True` and use `perf_counter` everywhere.
+trainer's one `.tolist()` per step, the engine's one read of a step's tokens); events not yet
+complete then (an overlapped engine's step in flight) are read by a later `take()`. Timing so adds
+no host sync. Phases of host work (bookkeeping) say `host=True` and use `perf_counter` everywhere.
 """
 from __future__ import annotations
 
@@ -47,11 +48,17 @@ class PhaseTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def take(self) -> dict[str, float]:
-        """Seconds per phase since the last `take()`, and start afresh."""
+        """Seconds per phase since the last `take()`, and start afresh. A device phase whose end
+        event has not completed yet is kept for a later `take()` (`query` does not wait): callers
+        take() after their own host sync, but an overlapped engine (generation/engine.py) has the
+        step it just launched still running then."""
+        pending = []
         for name, start, end in self._events:
-            end.synchronize()  # already complete: callers take() after their own host sync
-            self.add(name, start.elapsed_time(end) / 1000)
-        self._events.clear()
+            if end.query():
+                self.add(name, start.elapsed_time(end) / 1000)
+            else:
+                pending.append((name, start, end))
+        self._events = pending
         out, self.seconds = self.seconds, {}
         return out
 

@@ -55,6 +55,17 @@ def test_gen_compares_fused_and_unfused_projections(capsys, tmp_path):
     assert r["fused"] is False and "fused_vs_unfused" not in r
 
 
+def test_gen_compares_overlap_on_and_off(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "2", "--prompt-len", "4",
+                  "--new-tokens", "3", "--repeats", "1", "--compare-overlap")
+    assert r["overlap"] is False  # auto: off on the CPU; the flipped twin overlaps
+    assert r["overlap_off_tok_s"] == pytest.approx(r["engine_tok_s"])
+    assert r["overlap_vs_plain"] == pytest.approx(r["overlap_on_tok_s"] / r["overlap_off_tok_s"])
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "1", "--samples", "2", "--prompt-len", "3",
+                  "--new-tokens", "2", "--repeats", "1", "--overlap")
+    assert r["overlap"] is True and r["engine_tokens"] == 4 and "overlap_vs_plain" not in r
+
+
 def test_train_reports_padding_and_memory(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "train", "--samples", "6", "--prompt-len", "4", "--mean-len", "12",
                   "--max-len", "40", "--budget", "128", "--chunk", "8", "--repeats", "1")

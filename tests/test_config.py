@@ -21,6 +21,7 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
     ("rollout.mode=fast", "config key 'rollout.mode': expected one of sync | one-step | async, got 'fast'"),
     ("algo.group_size=2.5", "config key 'algo.group_size': expected an integer, got 2.5"),
     ("generation.recompute_kv=maybe", "config key 'generation.recompute_kv': expected true or false, got 'maybe'"),
+    ("generation.overlap=maybe", "config key 'generation.overlap': expected true or false or auto, got 'maybe'"),
 ])
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:
@@ -57,3 +58,8 @@ def test_mode_defaults_for_staleness():
 def test_lists_from_cli():
     c = load_config(overrides=["reward.functions=a.b:f,c.d:g", "reward.weights=1,0.5"])
     assert c.reward.functions == ["a.b:f", "c.d:g"] and c.reward.weights == [1.0, 0.5]
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
+def test_generation_overlap_takes_a_bool_or_auto(value, expected):
+    assert load_config(overrides=[f"generation.overlap={value}"]).generation.overlap == expected

@@ -10,6 +10,7 @@ samples; `generate()` gets `num_return_sequences=G`, which expands the prompts b
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fused q/k/v and gate/up projections in the engine (default on)")
     p.add_argument("--compare-fusion", action="store_true",
                    help="also time an unfused engine on the same model in the same rounds (fused_vs_unfused)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="launch each decode step before reading the previous one's tokens (generation.overlap; "
+                        "default auto: on for CUDA)")
+    p.add_argument("--compare-overlap", action="store_true",
+                   help="also time an engine with the other overlap setting in the same rounds (overlap_vs_plain)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
 
@@ -102,7 +108,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     slots = args.slots or sequences
     graphs = args.cuda_graphs and device.type == "cuda"
     setting = Config(generation=GenerationSettings(max_new_tokens=args.new_tokens, num_slots=slots, temperature=1.0,
-                                                 top_p=1.0, cuda_graphs=args.cuda_graphs), run=RunConfig(seed=args.seed))
+                                                 top_p=1.0, cuda_graphs=args.cuda_graphs,
+                                                 overlap="auto" if args.overlap is None else args.overlap),
+                     run=RunConfig(seed=args.seed))
     max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
     engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
     config = generate_config(model, args.samples, args.new_tokens)
@@ -115,15 +123,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.compare_fusion:  # the same model: its modules read the fused storage, one matmul each
         plain = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=False)
         contenders["unfused"] = lambda: run_engine(plain, prompt_rows, args.samples, args.new_tokens)
+    if args.compare_overlap:
+        # A second engine on the same model; with fusion its build re-points the parameters at a
+        # fresh fused copy, while the first engine keeps computing from its own (the same values).
+        flipped = replace(setting, generation=replace(setting.generation, overlap=not engine.overlap))
+        other = build_engine(flipped, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
+        contenders["flipped"] = lambda: run_engine(other, prompt_rows, args.samples, args.new_tokens)
     runs = alternate(contenders, args.repeats, device)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
     result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
+    result["overlap"] = engine.overlap
+    if args.compare_overlap:
+        add_overlap_comparison(result, engine.overlap, runs)
     if args.compare_fusion:
         result["unfused_s_rounds"] = [m.seconds for m in runs["unfused"]]
         result["unfused_tok_s"] = runs["unfused"][-1].result / median_seconds(runs["unfused"])
         result["fused_vs_unfused"] = ratio(result["engine_tok_s"], result["unfused_tok_s"])
     report(result)
     return result
+
+
+def add_overlap_comparison(result: dict[str, Any], engine_overlaps: bool, runs: dict) -> None:
+    """Tokens/s with overlap on and off, from the engine and its flipped twin, and their ratio."""
+    flipped_tps = runs["flipped"][-1].result / median_seconds(runs["flipped"])
+    on, off = (result["engine_tok_s"], flipped_tps) if engine_overlaps else (flipped_tps, result["engine_tok_s"])
+    result["overlap_on_tok_s"], result["overlap_off_tok_s"] = on, off
+    result["overlap_vs_plain"] = ratio(on, off)
 
 
 def summarise(args: argparse.Namespace, model: PreTrainedModel, dtype: torch.dtype, device: torch.device,
@@ -168,6 +193,9 @@ def report(r: dict[str, Any]) -> None:
         print(f"  {name:<9} {r[name + '_tok_s']:>10.0f} tok/s  ({r[name + '_tokens']} tokens, "
               f"median {r[name + '_s']:.3f} s of {r['repeats']})")
     print(f"  ratio     {r['ratio']:>10.2f}x engine / generate")
+    if "overlap_vs_plain" in r:
+        print(f"  overlap   {r['overlap_on_tok_s']:>10.0f} tok/s on, {r['overlap_off_tok_s']:.0f} off; "
+              f"on / off {r['overlap_vs_plain']:.2f}x")
     if "fused_vs_unfused" in r:
         print(f"  unfused   {r['unfused_tok_s']:>10.0f} tok/s; fused / unfused {r['fused_vs_unfused']:.2f}x")
     if r["engine_peak_mem_gb"] is not None:

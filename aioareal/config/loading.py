@@ -55,11 +55,15 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(e)
-        raise errors[0]
+        if len(errors) == 1:
+            raise errors[0]
+        # Several types admitted (true | false | auto): name them all, not only the first's.
+        expected = [str(e).split(": ", 1)[1].rsplit(", got ", 1)[0].removeprefix("expected ") for e in errors]
+        raise ConfigError(key, f"expected {' or '.join(expected)}, got {value!r}")
     if origin is Literal:
         if value not in args:
-            choices = " | ".join(map(str, args))
-            raise ConfigError(key, f"expected one of {choices}, got {value!r}")
+            choices = f"one of {' | '.join(map(str, args))}" if len(args) > 1 else str(args[0])
+            raise ConfigError(key, f"expected {choices}, got {value!r}")
         return value
     if origin is list:
         if isinstance(value, str):

@@ -126,6 +126,7 @@ class GenerationConfig:
     cuda_graphs: bool = doc("capture decode steps in CUDA graphs (CUDA only)", True)
     compile: bool = doc("fuse the decode step's small kernels with torch.compile (needs Triton on CUDA or a C++ "
                         "compiler on CPU; the first steps wait for compilation)", False)
+    overlap: bool | Literal["auto"] = doc("read each step's tokens while the next step computes; auto = on for CUDA", "auto")
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
@@ -274,8 +275,7 @@ class DistConfig:
     timeout_s: float = doc("seconds any collective may wait for the other ranks before the run fails naming its "
                            "rank (a dead or stalled rank must not hang the job); longer than a batch's generation "
                            "can differ between ranks, and than a checkpoint takes", 300.0)
-    backend: Literal["auto", "nccl", "gloo"] = doc("torch.distributed backend: auto = nccl with CUDA, else gloo",
-                                                   "auto")
+    backend: Literal["auto", "nccl", "gloo"] = doc("torch.distributed backend: auto = nccl with CUDA, else gloo", "auto")
     world_size: int = doc("recorded, not read: the number of ranks the run last ran with (set from torchrun's "
                           "WORLD_SIZE; 0 for a single process)", 0)
 

@@ -1,25 +1,37 @@
 """Continuous-batching generation engine over a fixed pool of KV-cache slots.
 
 Each `step()` admits waiting groups into free slots (one prefill per prompt, its K/V written
-into all G slots of the group), runs one decode step over every live slot, and makes a single
-host sync to learn the sampled tokens, so finished sequences free their slot at once and the
-next prompt takes it. Per-slot decode state (next token, position, liveness) stays on the device.
+into all G slots of the group), runs one decode step over every live slot, and copies the sampled
+tokens to the host, where bookkeeping records them and frees the slots of finished sequences for
+the next prompts. Per-slot decode state (next token, position, liveness) stays on the device: the
+device itself clears `live` where a sequence sampled EOS or reached its length (liveness.py).
+
+Overlap (`overlap`, on by default on CUDA): step t+1 is launched before the host reads step t's
+tokens, which come down by a non-blocking copy into pinned memory (inflight.py); the host's
+bookkeeping of step t then runs while the device computes step t+1. The costs: a slot freed at
+step t takes a new sequence one step later (at step t+2, not t+1), a finished slot decodes once
+more (its token is discarded), and results come back one `step()` later. Tokens, logprobs and
+versions are what the plain engine produces. On the CPU ops are synchronous and it buys nothing,
+but the same path runs there (tests/test_engine_overlap.py).
 
 Weights belong to the model the engine wraps. When the trainer publishes a new version the
 engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
 default every running sequence's KV cache is recomputed under the new weights (AReaL's
-interruptible generation; DESIGN rule 3).
+interruptible generation; DESIGN rule 3). Each step's output records the version it was
+launched under, so a token carries the version of the weights that produced it.
 
-Host syncs, all of them: the `.cpu()` of each step's sampled tokens (the one the design allows);
-capturing a new CUDA graph (`torch.cuda.graph` synchronizes on entry: once per batch bucket and
-span, graphs.py); and `PhaseTimer.take()` reading its events, only after that `.cpu()`. Everything
-else the host sends (slots, lengths, prompt tokens) goes up by pinned non-blocking copies
-(upload.py), and every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
+Host syncs, all of them: per step, the wait for one step's sampled tokens (without overlap the
+`.cpu()` right after the step; with overlap the previous step's copy event, the current step
+already queued); with overlap, one extra wait when a version is adopted with `recompute_kv`
+(the recompute needs the in-flight step's tokens); capturing a new CUDA graph (`torch.cuda.graph`
+synchronizes on entry: once per batch bucket and span, graphs.py); and `PhaseTimer.take()`
+reading events, only those already complete. Everything else the host sends (slots, lengths,
+limits, prompt tokens) goes up by pinned non-blocking copies (upload.py), and every index write
+(`live[slots] = ...`, the KV cache's) is launched, not waited on.
 """
 from __future__ import annotations
 
 import contextlib
-import heapq
 from collections import deque
 
 import torch
@@ -28,8 +40,11 @@ from transformers import PreTrainedModel
 from ..timing import PhaseTimer
 from .forward import FastForward
 from .graphs import DecodeGraphs, can_use_own_generator
+from .inflight import StepOutput, to_host
+from .liveness import SlotLimits
 from .sampling import SamplingParams, sample
-from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
+from .scheduler import Scheduler
+from .sequence import GroupRequest, GroupResult, GroupState, Running
 from .upload import upload, upload_padded
 
 # With CUDA graphs the attention span is rounded up to a bucket so few graphs are captured;
@@ -48,23 +63,35 @@ def live_decode_pays(live: int, n: int, span: int) -> bool:
     return live < n and (span <= SHORT_SPAN or 2 * live <= n)
 
 
+def resolve_overlap(overlap: bool | str, device: torch.device) -> bool:
+    """`overlap` as the config gives it (true, false or "auto") -> whether the engine overlaps.
+    Auto is on for CUDA only: on the CPU ops are synchronous, so there is no device to keep busy."""
+    if overlap == "auto":
+        return device.type == "cuda"
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap must be true, false or 'auto', got {overlap!r}")
+    return overlap
+
+
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
                  recompute_kv: bool = True, compile: bool = False, timed: bool = False,
-                 fuse: bool = True) -> None:
+                 fuse: bool = True, overlap: bool | str = "auto") -> None:
         """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
-        parameters are re-pointed into (fusion.py); pass False for a model that also trains."""
+        parameters are re-pointed into (fusion.py); pass False for a model that also trains.
+        `overlap`: launch each step before reading the previous one's tokens (module docstring);
+        True, False or "auto" (on for CUDA)."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
         self.max_len = max_len
         self.recompute_kv = recompute_kv
+        self.overlap = resolve_overlap(overlap, self.device)
         self.fwd = FastForward(model, max_len, fuse=fuse)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
-        self.eos_set = set(eos_ids)
         graphs = cuda_graphs and self.device.type == "cuda"
         if graphs and not can_use_own_generator():
             torch.cuda.manual_seed(seed)  # graphs then draw from the device's default generator
@@ -73,25 +100,41 @@ class Engine:
             self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.num_slots = num_slots
-        self.free: list[int] = list(range(num_slots))
-        self.waiting: deque[GroupRequest] = deque()
-        self.running: dict[int, Running] = {}
+        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens)
         self.next_token = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self.position = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self.live = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.limits = SlotLimits(num_slots, eos_ids, self.device)
+        self.pending: StepOutput | None = None  # with overlap: the launched step not yet read
         self.version = 0
         self.stale_cache = False
-        self.tokens_generated = 0  # total sampled tokens, for throughput
         self.timer = PhaseTimer(self.device, enabled=timed)  # seconds per phase of `step`, for metrics
-        self.max_pos = 0  # the furthest next position of any running sequence
-        self.graphs = (DecodeGraphs(self._decode_into, self.generator, num_slots,
-                                    [self.next_token, self.position]) if graphs else None)
+        # The decode, liveness update included, is what a graph captures; the tensors it mutates
+        # are restored after the capture's warm-up run.
+        state = [self.next_token, self.position, self.live, self.limits.remaining]
+        self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
         if self.stream is not None:
             # The cache, the state tensors and maybe the model were just written on the caller's
             # stream (the trainer's thread builds engines for evaluation); ours must see them.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
-    # -- queue -----------------------------------------------------------------------------------
+    # -- queue (host state lives in the scheduler; these are what the orchestrator reads) ---------
+    @property
+    def free(self) -> list[int]:
+        return self.sched.free
+
+    @property
+    def waiting(self) -> deque[GroupRequest]:
+        return self.sched.waiting
+
+    @property
+    def running(self) -> dict[int, Running]:
+        return self.sched.running
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.sched.tokens_generated
+
     def submit(self, request: GroupRequest) -> None:
         if request.n > self.num_slots:
             raise ValueError(f"a group of {request.n} samples cannot fit in {self.num_slots} slots")
@@ -102,12 +145,15 @@ class Engine:
 
     @property
     def busy(self) -> bool:
+        """Work left. A step in flight with no running sequence is dropped unread (it holds only
+        finished slots' extra tokens), so it does not count."""
         return bool(self.waiting or self.running)
 
     # -- weights ---------------------------------------------------------------------------------
     def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
         """Use weights of `version` from the next step on. `ready` is the copy's event: the engine's
-        stream waits on it, the host does not."""
+        stream waits on it, the host does not. A step already in flight keeps the old weights:
+        the copy is queued behind it on the same stream."""
         if ready is not None and self.stream is not None:
             self.stream.wait_event(ready)
         self.version = version
@@ -117,50 +163,63 @@ class Engine:
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[GroupResult]:
-        """Admit, prefill, decode one token everywhere, sync once; return the groups that finished.
-        Each phase lands in `self.timer` (when the engine is `timed`)."""
+        """Admit, prefill, decode one token everywhere; read a step's tokens and return the groups
+        that finished (with overlap, the previous step's). Each phase lands in `self.timer` (when
+        the engine is `timed`)."""
         if not self.busy:
             return []
         timer = self.timer
+        finished: list[GroupResult] = []
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if self.stale_cache:
-                with timer("recompute_kv"):  # new weights mid-rollout: re-prefill running sequences
-                    self._recompute_cache()
+                if self.pending is not None:  # the recompute needs the in-flight step's tokens
+                    finished += self._read(self.pending, None)
+                    self.pending = None
+                if self.running:
+                    with timer("recompute_kv"):  # new weights mid-rollout: re-prefill running sequences
+                        self._recompute_cache()
+                self.stale_cache = False
             with timer("admit", host=True):  # waiting groups take free slots
-                groups, admitted = self._admit()
+                groups, admitted = self.sched.admit()
             with timer("prefill"):  # one forward per prompt, its K/V copied into the group's G slots
                 first = self._prefill(groups, admitted) if groups else None
+            snapshot = list(self.running.values())
             with timer("decode"):
                 decoded = self._decode() if self.running else None
-            with timer("sync"):
-                # The one device->host sync of the step: sampled tokens and their logprobs, which
-                # the host needs to see which sequences finished.
-                parts = [t for t in (first, decoded) if t is not None]
-                host = torch.cat(parts, dim=1).cpu() if parts else None
-            with timer("bookkeep", host=True):
-                # Still on the engine's stream: bookkeeping clears `live` for finished slots, and
-                # that write must be ordered before the next step's admission sets it again.
-                return self._bookkeep(admitted, host, first is not None)
+            launched = self._launch_copy(first, decoded, admitted, snapshot)
+            if self.overlap:
+                previous, self.pending = self.pending, launched
+                self.sched.max_pos += 1  # the next launch writes one further; reading `previous` refines it
+            else:
+                previous = launched
+            if previous is not None:
+                finished += self._read(previous, self.pending)
+            if not self.running:
+                self.pending = None  # nothing left to read in it: every sequence it holds finished
+        return finished
 
-    def _admit(self) -> tuple[list[GroupState], list[Running]]:
-        """Host side of admission: waiting groups that fit take slots, oldest first."""
-        admitted: list[Running] = []
-        groups: list[GroupState] = []
-        while self.waiting and len(self.free) >= self.waiting[0].n:
-            request = self.waiting.popleft()
-            group = GroupState(request, [Completion() for _ in range(request.n)], request.n)
-            groups.append(group)
-            prompt_len = len(request.prompt_ids)
-            # A sequence ends at max_new_tokens, at the context's end, or at its forced length.
-            cap = min(self.params.max_new_tokens, self.max_len - prompt_len)
-            for i in range(request.n):
-                slot = heapq.heappop(self.free)
-                limit = cap if request.lengths is None else min(cap, request.lengths[i])
-                admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
-                                        request.lengths is None))
-            self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
-        return groups, admitted
+    def _launch_copy(self, first: torch.Tensor | None, decoded: torch.Tensor | None,
+                     admitted: list[Running], running: list[Running]) -> StepOutput | None:
+        """The step's tokens and logprobs on their way to the host (inflight.py)."""
+        parts = [t for t in (first, decoded) if t is not None]
+        if not parts:
+            return None
+        out = torch.cat(parts, dim=1)  # a fresh tensor: a graph's output buffer is rewritten by its next replay
+        if self.overlap:
+            host, event = to_host(out, self.stream)
+        else:
+            with self.timer("sync"):
+                # The plain engine's one device->host sync of the step: the host needs the tokens
+                # to see which sequences finished before it admits the next prompts.
+                host, event = out.cpu(), None
+        return StepOutput(host, event, admitted, running, self.version, decoded is not None)
 
+    def _read(self, output: StepOutput, in_flight: StepOutput | None) -> list[GroupResult]:
+        """Wait for a step's tokens and record them; `in_flight` is the step launched after it."""
+        with self.timer("sync", host=True) if self.overlap else contextlib.nullcontext():
+            output.wait()  # with overlap the host sync of the step: on the previous step's copy only
+        with self.timer("bookkeep", host=True):
+            return self.sched.bookkeep(output, in_flight)
     def _prefill(self, groups: list[GroupState], admitted: list[Running]) -> torch.Tensor:
         """Prefill the admitted prompts, sample their first tokens; returns (2, len(admitted))."""
         prompts = [g.request.prompt_ids for g in groups]
@@ -176,8 +235,11 @@ class Engine:
         else:
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
-        pos = upload([len(r.group.request.prompt_ids) for r in admitted], self.device)
-        self.next_token[slots], self.position[slots], self.live[slots] = tok, pos, True
+        # Positions, length limits and EOS flags in one upload: (3, len(admitted)).
+        meta = upload([[r.prompt_len for r in admitted], [r.limit for r in admitted],
+                       [int(r.stop_on_eos) for r in admitted]], self.device)
+        live = self.limits.start(slots, tok, meta[1], meta[2].bool())  # a first token may end it
+        self.next_token[slots], self.position[slots], self.live[slots] = tok, meta[0], live
         for r in admitted:
             self.running[r.slot] = r
         return torch.stack([tok.to(torch.float32), lp])
@@ -187,7 +249,8 @@ class Engine:
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1
-        span = self.max_pos + 1  # kept by admission and bookkeeping: no pass over the sequences
+        # Kept by admission and bookkeeping: no pass over the sequences.
+        span = min(self.max_len, self.sched.max_pos + 1)
         if self.graphs is not None:
             span = min(self.max_len, -(-span // GRAPH_SPAN_BUCKET) * GRAPH_SPAN_BUCKET)
             return self.graphs.run(n, span)
@@ -199,23 +262,27 @@ class Engine:
         """The CPU's decode when some of the first n slots have finished: only running slots go
         through the model (on the CPU the matmuls cost in proportion to the rows; a GPU decodes all
         n at about the cost of one, in a fixed-shape CUDA graph). Returns (2, n) like `_decode_into`,
-        zeros at the finished slots, which bookkeeping never reads."""
+        zeros at the finished slots, which bookkeeping never reads. With overlap `running` may hold
+        slots that finished in the previous step: they decode once more, and stay not live."""
         slots = upload(sorted(self.running), self.device)
         hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
         self.next_token[slots] = tok
         self.position[slots] = (self.position[slots] + 1).clamp(max=self.max_len - 1)
+        self.limits.advance(self.live, tok, slots)
         out = torch.zeros(2, n, device=self.device)
         out[:, slots] = torch.stack([tok.to(torch.float32), lp])
         return out
 
     def _decode_into(self, n: int, span: int) -> torch.Tensor:
-        """Decode the first n slots; update next token and position in place; return (2, n)."""
+        """Decode the first n slots; update next token, position and liveness in place (all of it
+        inside the CUDA graph when graphs are on); return (2, n)."""
         hidden = self.decode_fn(self.cache, self.next_token[:n], self.position[:n], span)
         tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
         live = self.live[:n]
         self.next_token[:n] = tok
         self.position[:n] = torch.where(live, (self.position[:n] + 1).clamp(max=self.max_len - 1), 0)
+        self.limits.advance(self.live, tok, slice(0, n))
         return torch.stack([tok.to(torch.float32), lp])
 
     def _recompute_cache(self) -> None:
@@ -226,47 +293,3 @@ class Engine:
         slots = upload([r.slot for r in seqs], self.device)
         self.fwd.prefill(self.cache, upload_padded(prefixes, self.device), lengths, slots)
         self.stale_cache = False
-
-    def _bookkeep(self, admitted: list[Running], host: torch.Tensor | None, has_first: bool) -> list[GroupResult]:
-        """Record the step's tokens on the host; free finished slots. This loop runs once per live
-        sequence per step, so it is kept lean: on a GPU it is time the device may sit idle."""
-        if host is None:
-            return []
-        tokens, logprobs = host[0].long().tolist(), host[1].tolist()  # host memory already: no sync
-        done_slots: list[int] = []
-        finished: list[GroupResult] = []
-        # First tokens of newly admitted sequences come first, then one token per slot [0, n).
-        offset = len(admitted) if has_first else 0
-        for i, r in enumerate(admitted):
-            self._append(r, tokens[i], logprobs[i], done_slots, finished)
-        max_pos = 0
-        for slot, r in list(self.running.items()):
-            pos = self._append(r, tokens[offset + slot], logprobs[offset + slot], done_slots, finished)
-            max_pos = pos if pos > max_pos else max_pos
-        self.max_pos = max_pos
-        if done_slots:
-            self.live[upload(done_slots, self.device)] = False  # ordered on the engine's stream
-        return finished
-
-    def _append(self, r: Running, token: int, logprob: float, done_slots: list[int],
-                finished: list[GroupResult]) -> int:
-        """Record one token; return the sequence's next position, or -1 if it finished."""
-        c = r.completion
-        c.tokens.append(token)
-        c.logprobs.append(logprob)
-        c.versions.append(self.version)
-        self.tokens_generated += 1
-        length = len(c.tokens)
-        if r.stop_on_eos and token in self.eos_set:
-            c.finish_reason = "stop"
-        elif length >= r.limit:
-            c.finish_reason = "length"
-        else:
-            return r.prompt_len + length - 1
-        del self.running[r.slot]
-        heapq.heappush(self.free, r.slot)
-        done_slots.append(r.slot)
-        r.group.unfinished -= 1
-        if r.group.unfinished == 0:
-            finished.append(GroupResult(r.group.request, r.group.completions))
-        return -1

@@ -96,7 +96,9 @@ class EngineWorker:
                 version, ready = self.sync.apply(self.engine.stream)
                 self.engine.adopt(version, ready)
         results = self.engine.step()
-        return results, timer.take()  # after the step's host sync: the timings are ready
+        # After the step's host sync: the timings are ready, but for an overlapped engine's step
+        # still in flight, which a later take() reads.
+        return results, timer.take()
 
     async def step(self, adopt: bool) -> list[GroupResult]:
         results, phases = await _on(self.pool, self._step, adopt)

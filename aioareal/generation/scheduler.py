@@ -1,0 +1,94 @@
+"""Host side of the engine: the queue, which slot holds which sequence, and the bookkeeping of
+sampled tokens (recording them, deciding when a sequence ends, freeing its slot).
+
+The device decides liveness by the same rule on its own (liveness.py); the host's decision is the
+one that counts for results (`finish_reason`, when a slot is free for the next prompt).
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from .inflight import StepOutput
+from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
+
+
+class Scheduler:
+    def __init__(self, num_slots: int, eos_ids: list[int], max_len: int, max_new_tokens: int) -> None:
+        self.free: list[int] = list(range(num_slots))  # slots the host knows are free (a min-heap)
+        self.waiting: deque[GroupRequest] = deque()
+        # Sequences the host has not yet seen finish; with overlap, some may have finished in the
+        # step in flight (the device knows, the host learns when it reads that step).
+        self.running: dict[int, Running] = {}
+        self.eos_set = set(eos_ids)
+        self.max_len, self.max_new_tokens = max_len, max_new_tokens
+        self.max_pos = 0  # the furthest position the next decode writes at, over running sequences
+        self.tokens_generated = 0  # total sampled tokens, for throughput
+
+    def admit(self) -> tuple[list[GroupState], list[Running]]:
+        """Host side of admission: waiting groups that fit take slots, oldest first."""
+        admitted: list[Running] = []
+        groups: list[GroupState] = []
+        while self.waiting and len(self.free) >= self.waiting[0].n:
+            request = self.waiting.popleft()
+            group = GroupState(request, [Completion() for _ in range(request.n)], request.n)
+            groups.append(group)
+            prompt_len = len(request.prompt_ids)
+            # A sequence ends at max_new_tokens, at the context's end, or at its forced length.
+            cap = min(self.max_new_tokens, self.max_len - prompt_len)
+            for i in range(request.n):
+                slot = heapq.heappop(self.free)
+                limit = cap if request.lengths is None else min(cap, request.lengths[i])
+                admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
+                                        request.lengths is None))
+            self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
+        return groups, admitted
+
+    def bookkeep(self, output: StepOutput, in_flight: StepOutput | None) -> list[GroupResult]:
+        """Record a step's tokens on the host; free finished slots. This loop runs once per live
+        sequence per step, so it is kept lean: without overlap it is time the device sits idle.
+        A sequence that already finished (at its first token, or with overlap in the step before)
+        is skipped: its token in this step is the extra one of a dead slot."""
+        host = output.host
+        tokens, logprobs = host[0].long().tolist(), host[1].tolist()  # host memory already: no sync
+        finished: list[GroupResult] = []
+        version = output.version
+        # First tokens of newly admitted sequences come first, then one token per slot [0, n).
+        for i, r in enumerate(output.admitted):
+            self._append(r, tokens[i], logprobs[i], version, finished)
+        max_pos = 0
+        if output.decoded:
+            offset = len(output.admitted)
+            for r in output.running:
+                if not r.completion.finish_reason:
+                    pos = self._append(r, tokens[offset + r.slot], logprobs[offset + r.slot], version, finished)
+                    max_pos = pos if pos > max_pos else max_pos
+        if in_flight is not None:
+            # The next launch decodes one position further than the step in flight, which also
+            # decodes the sequences it admitted (at prompt_len; the next launch at prompt_len + 1).
+            max_pos = max([max_pos] + [r.prompt_len for r in in_flight.admitted]) + 1
+        self.max_pos = max_pos
+        return finished
+
+    def _append(self, r: Running, token: int, logprob: float, version: int,
+                finished: list[GroupResult]) -> int:
+        """Record one token; return the sequence's next position, or -1 if it finished. The same
+        rule as the device's (liveness.py), which has already cleared `live` where this ends."""
+        c = r.completion
+        c.tokens.append(token)
+        c.logprobs.append(logprob)
+        c.versions.append(version)
+        self.tokens_generated += 1
+        length = len(c.tokens)
+        if r.stop_on_eos and token in self.eos_set:
+            c.finish_reason = "stop"
+        elif length >= r.limit:
+            c.finish_reason = "length"
+        else:
+            return r.prompt_len + length - 1
+        del self.running[r.slot]
+        heapq.heappush(self.free, r.slot)
+        r.group.unfinished -= 1
+        if r.group.unfinished == 0:
+            finished.append(GroupResult(r.group.request, r.group.completions))
+        return -1
