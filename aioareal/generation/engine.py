@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 from ..timing import PhaseTimer
 from .forward import FastForward
 from .graphs import DecodeGraphs, can_use_own_generator
+from .fused_sampling import fused_sample
 from .sampling import SamplingParams, sample
 from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
 from .upload import upload, upload_padded
@@ -52,12 +53,14 @@ class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
                  recompute_kv: bool = True, compile: bool = False, timed: bool = False,
-                 fuse: bool = True) -> None:
+                 fuse: bool = True, fused_sampler: bool = False) -> None:
         """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
-        parameters are re-pointed into (fusion.py); pass False for a model that also trains."""
+        parameters are re-pointed into (fusion.py); pass False for a model that also trains.
+        `fused_sampler`: the compiled sampler that reads the logits once (fused_sampling.py)."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
+        self.sample = fused_sample if fused_sampler else sample
         self.max_len = max_len
         self.recompute_kv = recompute_kv
         self.fwd = FastForward(model, max_len, fuse=fuse)
@@ -175,7 +178,7 @@ class Engine:
                                 for j, g in enumerate(groups)])
         else:
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         pos = upload([len(r.group.request.prompt_ids) for r in admitted], self.device)
         self.next_token[slots], self.position[slots], self.live[slots] = tok, pos, True
         for r in admitted:
@@ -202,7 +205,7 @@ class Engine:
         zeros at the finished slots, which bookkeeping never reads."""
         slots = upload(sorted(self.running), self.device)
         hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         self.next_token[slots] = tok
         self.position[slots] = (self.position[slots] + 1).clamp(max=self.max_len - 1)
         out = torch.zeros(2, n, device=self.device)
@@ -212,7 +215,7 @@ class Engine:
     def _decode_into(self, n: int, span: int) -> torch.Tensor:
         """Decode the first n slots; update next token and position in place; return (2, n)."""
         hidden = self.decode_fn(self.cache, self.next_token[:n], self.position[:n], span)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         live = self.live[:n]
         self.next_token[:n] = tok
         self.position[:n] = torch.where(live, (self.position[:n] + 1).clamp(max=self.max_len - 1), 0)
