@@ -21,6 +21,7 @@ from .distributed.world import World
 from .errors import UserError
 from .evaluation import EvalSet, evaluate
 from .generation import Engine, SamplingParams
+from .generation.fused_sampling import fused_sampler_enabled
 from .models import load_model, resolve_dtype
 from .orchestrator import EngineWorker, TrainerWorker
 from .rewards import RewardService
@@ -177,7 +178,8 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
                   seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
                   compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
-                  overlap=g.overlap)
+                  overlap=g.overlap,
+                  fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
 
 
 def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:

@@ -164,3 +164,12 @@ def test_bad_options_are_one_line_errors(capsys, args, expected):
     assert main(["bench", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(expected) and len(err.splitlines()) == 1
+
+
+def test_head_bench_times_both_paths_and_reports_their_peaks(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "head", "--tokens", "64", "--hidden", "16", "--vocab", "256", "--chunk", "16",
+                  "--repeats", "1")
+    assert r["bench"] == "head" and r["peak_mem_kind"] == "cpu_rss_high_water"
+    assert r["checkpoint_s"] > 0 and r["fused_s"] > 0
+    assert r["speedup"] == pytest.approx(r["checkpoint_s"] / r["fused_s"])
+    assert r["checkpoint_peak_mb"] is not None and r["fused_peak_mb"] is not None

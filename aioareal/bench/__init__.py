@@ -1,9 +1,10 @@
-"""`python -m aioareal bench {gen,train,e2e,reward,profile}`: throughput against the obvious baseline, measured in
+"""`python -m aioareal bench {gen,train,head,e2e,reward,profile}`: throughput against the obvious baseline, measured in
 the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
 
   gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
   train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory);
          with --lora-rank R, LoRA vs full fine-tuning (tokens/s, trainer memory, bytes per publish)
+  head   fused LM head + log-softmax vs checkpointing per chunk (forward + backward s/call, peak memory)
   e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
   reward the GSM8K reward: completions/s in one process, over the worker pool, through the service
   profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
@@ -19,6 +20,7 @@ import importlib
 BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
            "train": "train tokens/s and peak memory: chunked vs naive log-probs, packed vs padded; "
                     "--lora-rank R: LoRA vs full fine-tuning",
+           "head": "selected-token log-probs from hidden states: fused head vs checkpointed head (s, peak memory)",
            "e2e": "samples/s and s/step of sync, one-step and async on one model",
            "reward": "GSM8K reward completions/s (one process, worker pool, service) and grader agreement",
            "profile": "measure a cost profile of this device for `simulate` (JSON)"}

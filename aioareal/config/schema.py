@@ -127,12 +127,17 @@ class GenerationConfig:
     compile: bool = doc("fuse the decode step's small kernels with torch.compile (needs Triton on CUDA or a C++ "
                         "compiler on CPU; the first steps wait for compilation)", False)
     overlap: bool | Literal["auto"] = doc("read each step's tokens while the next step computes; auto = on for CUDA", "auto")
+    fused_sampler: bool | Literal["auto"] = doc(
+        "sample with the exponential race compiled into per-row reductions that read the logits once "
+        "(torch.compile; top_p < 1 keeps the plain sampler); auto = on with CUDA and Triton, off on the CPU", "auto")
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
         check(self.temperature > 0, "generation.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
         check(0 < self.top_p <= 1, "generation.top_p", f"must be in (0, 1], got {self.top_p}")
         check(self.num_slots >= 0, "generation.num_slots", f"must be >= 0, got {self.num_slots}")
+        check(self.fused_sampler in (True, False, "auto"), "generation.fused_sampler",
+              f"must be true, false or auto, got {self.fused_sampler!r}")
 
 
 @dataclass

@@ -42,6 +42,7 @@ from .forward import FastForward
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
+from .fused_sampling import fused_sample
 from .sampling import SamplingParams, sample
 from .scheduler import Scheduler
 from .sequence import GroupRequest, GroupResult, GroupState, Running
@@ -77,14 +78,16 @@ class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
                  recompute_kv: bool = True, compile: bool = False, timed: bool = False,
-                 fuse: bool = True, overlap: bool | str = "auto") -> None:
+                 fuse: bool = True, overlap: bool | str = "auto", fused_sampler: bool = False) -> None:
         """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
         parameters are re-pointed into (fusion.py); pass False for a model that also trains.
         `overlap`: launch each step before reading the previous one's tokens (module docstring);
-        True, False or "auto" (on for CUDA)."""
+        True, False or "auto" (on for CUDA).
+        `fused_sampler`: the compiled sampler that reads the logits once (fused_sampling.py)."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
+        self.sample = fused_sample if fused_sampler else sample
         self.max_len = max_len
         self.recompute_kv = recompute_kv
         self.overlap = resolve_overlap(overlap, self.device)
@@ -234,7 +237,7 @@ class Engine:
                                 for j, g in enumerate(groups)])
         else:
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         # Positions, length limits and EOS flags in one upload: (3, len(admitted)).
         meta = upload([[r.prompt_len for r in admitted], [r.limit for r in admitted],
                        [int(r.stop_on_eos) for r in admitted]], self.device)
@@ -266,7 +269,7 @@ class Engine:
         slots that finished in the previous step: they decode once more, and stay not live."""
         slots = upload(sorted(self.running), self.device)
         hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         self.next_token[slots] = tok
         self.position[slots] = (self.position[slots] + 1).clamp(max=self.max_len - 1)
         self.limits.advance(self.live, tok, slots)
@@ -278,7 +281,7 @@ class Engine:
         """Decode the first n slots; update next token, position and liveness in place (all of it
         inside the CUDA graph when graphs are on); return (2, n)."""
         hidden = self.decode_fn(self.cache, self.next_token[:n], self.position[:n], span)
-        tok, lp = sample(self.fwd.logits(hidden), self.params, self.generator)
+        tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         live = self.live[:n]
         self.next_token[:n] = tok
         self.position[:n] = torch.where(live, (self.position[:n] + 1).clamp(max=self.max_len - 1), 0)

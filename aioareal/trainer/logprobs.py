@@ -1,9 +1,11 @@
 """Token log-probabilities of a causal LM, computed over the vocabulary in chunks.
 
 Only completion positions go through the LM head, and they go in chunks of `chunk` tokens, each
-recomputed in the backward pass (activation checkpointing), so fp32 logits for a 151,936-entry
-vocabulary exist for one chunk at a time instead of for the whole micro-batch. A micro-batch
-whose logits are small in all (`KEEP_LOGITS`) keeps them instead.
+recomputed in the backward pass, so fp32 logits for a 151,936-entry vocabulary exist for one chunk
+at a time instead of for the whole micro-batch. A plain `nn.Linear` head takes the fused head +
+log-softmax (trainer/fused_logprobs.py: one autograd node, backward by hand); any other head
+(peft-wrapped, sharded as its own unit, DTensor weights) takes activation checkpointing per chunk.
+A micro-batch whose logits are small in all (`KEEP_LOGITS`) keeps them instead.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from .fused_logprobs import fused_head_applies, fused_selected_logprobs
 from .shared_prompts import PromptShare, shared_hidden
 
 # A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
@@ -36,6 +39,8 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
     # At least one chunk, empty for a micro-batch with no completion token (a rank's filler): the
     # head still runs, so its gradient exists (zero) on every rank when the shards are reduced.
     recompute = torch.is_grad_enabled() and hidden.shape[0] * head.weight.shape[0] > KEEP_LOGITS
+    if recompute and fused_head_applies(head):
+        return fused_selected_logprobs(hidden, targets, head, temperature, chunk)
     for start in range(0, max(hidden.shape[0], 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
         if recompute:

@@ -1,0 +1,140 @@
+"""Selected-token log-probs and entropy straight from hidden states: a fused LM head + log-softmax.
+
+`FusedHeadLogprobs` is one autograd node for the whole micro-batch. Its forward runs the head in
+chunks of tokens, logits = (h @ W^T + b) / T in fp32 for one chunk at a time, and keeps per token
+only the log-sum-exp; the backward recomputes each chunk's logits and forms the gradients by hand:
+
+    dL/dlogits = g * (onehot(target) - softmax(logits)) / T          (c, V), fp32
+    grad_h = dL/dlogits @ W,   grad_W += dL/dlogits^T @ h,   grad_b += sum_tokens dL/dlogits
+
+so full-vocabulary logits never exist for more than one chunk, and nothing is saved but h, W, b,
+the targets and the (n,) log-sum-exp. Against `torch.utils.checkpoint` around the head (the path
+it replaces, trainer/logprobs.py) it saves the checkpoint's second forward (the log-sum-exp is
+kept), the autograd graph of each recomputed chunk, and its (c, V) temporaries beyond the logits
+and their softmax. grad_W and grad_b are summed over chunks in fp32 whatever the compute dtype.
+
+Autocast (the trainer's bf16 on CUDA) is applied by hand, the same in both passes: h and W are
+cast to the autocast dtype for the matmuls, as `nn.Linear` under autocast would, and everything
+after the matmul is fp32, as `head(h).float()` is. The entropy is returned detached.
+
+It calls the head's weight directly, never the module, so it applies only to a plain `nn.Linear`
+with plain tensors and no hooks (`fused_head_applies`); a peft-wrapped head, a head FSDP2 shards
+as its own unit, or a DTensor weight take the checkpoint path.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def fused_head_applies(head: nn.Module) -> bool:
+    """Whether `head` is what the fused path computes: exactly `nn.Linear` (not peft's LoRA or
+    modules-to-save wrappers, not FSDP2's dynamic `FSDPLinear` subclass), with no hooks the module
+    call would run, and plain-tensor parameters. Under FSDP2 the head sits in the root unit, whose
+    forward has swapped in the unsharded (plain) weight by the time this is asked."""
+    if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks:
+        return False
+    return not any(isinstance(p, DTensor) for p in (head.weight, head.bias) if p is not None)
+
+
+def fused_selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: nn.Linear, temperature: float,
+                            chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden (n, H), targets (n,) -> logp (n,) fp32 differentiable, entropy (n,) fp32 detached."""
+    return FusedHeadLogprobs.apply(hidden, head.weight, head.bias, targets, temperature, chunk)
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The matmul dtype `nn.Linear` would use here: the autocast dtype inside an autocast region
+    (which leaves float64 alone), the inputs' common dtype outside one."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device) and torch.float64 not in (hidden.dtype, weight.dtype):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 after the matmul, as `head(h).float()` (float64 stays float64, for gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  temperature: float) -> torch.Tensor:
+    """(c, H) -> (c, V) fp32 logits / T, the matmul in the dtype `weight` already has."""
+    logits = nn.functional.linear(h.to(weight.dtype), weight, bias).to(_accumulation_dtype(weight.dtype))
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class FusedHeadLogprobs(torch.autograd.Function):
+    """logp, entropy = log_softmax(head(h) / T)[target], H(softmax(head(h) / T)), chunked."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,  # type: ignore[override]
+                targets: torch.Tensor, temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = _compute_dtype(hidden, weight)
+        n = hidden.shape[0]
+        logp = hidden.new_empty(n, dtype=_accumulation_dtype(dtype))
+        entropy = torch.empty_like(logp)
+        lse = torch.empty_like(logp)
+        with _no_autocast(hidden):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)  # one cast for all chunks
+            for start in range(0, n, chunk):
+                end = min(start + chunk, n)
+                logits = _chunk_logits(hidden[start:end], w, b, temperature)  # (c, V) fp32
+                lse[start:end] = torch.logsumexp(logits, dim=-1)
+                logp[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse[start:end]
+                entropy[start:end] = lse[start:end] - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor | None):  # type: ignore[override]
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        temperature, chunk = ctx.temperature, ctx.chunk
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # An empty micro-batch (a rank's filler) still returns zeros for W: FSDP reduces every shard.
+        acc = _accumulation_dtype(ctx.dtype)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        with _no_autocast(hidden):
+            w, b = weight.to(ctx.dtype), None if bias is None else bias.to(ctx.dtype)
+            for start in range(0, hidden.shape[0], chunk):
+                end = min(start + chunk, hidden.shape[0])
+                h = hidden[start:end].to(ctx.dtype)
+                g = grad_logp[start:end].to(acc)
+                # softmax from the saved log-sum-exp, in place over the recomputed logits (one (c, V) buffer)
+                dlogits = _chunk_logits(h, w, b, temperature).sub_(lse[start:end, None]).exp_()
+                dlogits.mul_(-g[:, None] / temperature)  # -g * p / T
+                dlogits.scatter_add_(-1, targets[start:end, None], (g / temperature)[:, None])  # + g * onehot / T
+                if grad_b is not None:
+                    grad_b += dlogits.sum(0)
+                dl = dlogits.to(ctx.dtype)  # (c, V): the matmuls run in the forward's dtype
+                if grad_h is not None:
+                    grad_h[start:end] = dl @ w
+                if grad_w is not None:
+                    _accumulate(grad_w, dl.T, h)
+        return (grad_h, _cast(grad_w, weight), _cast(grad_b, bias), None, None, None)
+
+
+def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """total (fp32) += a @ b: in place when a and b share its dtype, else the product in theirs, added in fp32."""
+    if a.dtype == total.dtype:
+        total.addmm_(a, b)
+    else:
+        total += (a @ b).to(total.dtype)
+
+
+def _cast(grad: torch.Tensor | None, like: torch.Tensor | None) -> torch.Tensor | None:
+    return None if grad is None or like is None else grad.to(like.dtype)
+
+
+def _no_autocast(t: torch.Tensor):
+    """Autocast off for the body: the casts are explicit (the module docstring)."""
+    device = t.device.type
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext()
