@@ -1,12 +1,14 @@
 """One training step on a fixed global batch, in one process or on every rank of a torchrun job
 (tests/test_distributed.py compares the two), then the new weights gathered into a generator copy.
 
-    torchrun --nproc-per-node N tests/distributed_step.py OUT.pt [cuda]
+    torchrun --nproc-per-node N tests/distributed_step.py OUT.pt [cuda] [fused-head]
 
 Each rank trains groups rank, rank + N, ... of the batch, so that with algo.minibatches=2 every
 mini-batch holds the same groups as one process's. Rank 0 saves the full parameters after the
 step, the step's metrics, the number of filler micro-batches each rank added, and whether the
-generator copy received exactly the trainer's weights.
+generator copy received exactly the trainer's weights. With `fused-head` no micro-batch keeps its
+logits (`KEEP_LOGITS = 0`), so the log-probs go through the fused LM head
+(trainer/fused_logprobs.py), inside FSDP2's root unit when sharded.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from aioareal.distributed.sharding import full_tensor
 from aioareal.generation import Completion
 from aioareal.samples import Group, Sample
 from aioareal.tasks.base import Example
-from aioareal.trainer import train_step
+from aioareal.trainer import logprobs, train_step
 from aioareal.weightsync import WeightSync
 
 # Small micro-batches so the ranks pack different numbers of them (fillers), clipping that bites,
@@ -72,6 +74,8 @@ def _counted(packed: list, fillers: list[int]) -> list:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     cuda = "cuda" in sys.argv[2:]
+    if "fused-head" in sys.argv[2:]:
+        logprobs.KEEP_LOGITS = 0
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     world = worlds.init(120, "auto", device)
     result = one_step(world, device)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import distributed_step
 from aioareal.distributed.world import World
 from aioareal.models import random_model
+from aioareal.trainer import logprobs
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--no-dashboard", "model.name=random:tiny", "algo.batch_groups=4", "algo.group_size=4", "data.eval_size=8"]
@@ -43,11 +44,17 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_one_training_step_on_two_ranks_equals_one_process(tmp_path):
+@pytest.mark.parametrize("head", ["kept-logits", "fused-head"])
+def test_one_training_step_on_two_ranks_equals_one_process(tmp_path, monkeypatch, head):
+    """`fused-head`: the log-probs go through the fused LM head (its gradient for the tied weight
+    must reach FSDP2's root unit on every rank); `kept-logits`: the tiny model's default path."""
     out = tmp_path / "two.pt"
-    run = torchrun(2, str(REPO / "tests" / "distributed_step.py"), str(out))
+    flags = ["fused-head"] if head == "fused-head" else []
+    run = torchrun(2, str(REPO / "tests" / "distributed_step.py"), str(out), *flags)
     assert run.returncode == 0, run.stderr[-4000:]
     two = torch.load(out)
+    if head == "fused-head":
+        monkeypatch.setattr(logprobs, "KEEP_LOGITS", 0)
     one = distributed_step.one_step(World(), torch.device("cpu"))
     start = dict(random_model("tiny", torch.float32, torch.device("cpu")).named_parameters())
     moved = max((one["params"][n] - start[n]).abs().max().item() for n in start)
