@@ -28,6 +28,7 @@ from .rewards import RewardService
 from .tasks import PromptRenderer, Task, build_scorer, build_task
 from .tasks.base import Example
 from .trainer import Trainer
+from .trainer.compiled import compile_layers
 from .trainer.logprobs import TokenLogprobs
 from .lorasync import LoraSync
 from .weightsync import WeightSync
@@ -190,6 +191,8 @@ def build_trainer(config: Config, models: Models, pad_id: int, world: World = Wo
         device = next(models.train.parameters()).device
         shard_policy(policy, models.train, device, models.compute_dtype)
         collective = Global(device)
+    if config.train.compile:  # after sharding: FSDP2's hooks stay eager around each compiled layer
+        compile_layers(models.train)
     return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
                    autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
                    loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)

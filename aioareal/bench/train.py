@@ -34,6 +34,7 @@ from ..generation import Completion
 from ..orchestrator.simulated import gsm8k_like_length
 from ..samples import Sample
 from ..trainer.batching import MicroBatch, collate, pack
+from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
 from . import sync_cost
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
@@ -59,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="compare LoRA of this rank against full fine-tuning instead (needs peft; default 0: off)")
     p.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each decoder layer first, as train.compile does (the warm-up round waits for it)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
                         "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
@@ -149,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dtype = pick_dtype(args.dtype, device)
     autocast = dtype if device.type == "cuda" and dtype != torch.float32 else None
     model = build_model(args.model, torch.float32, device, args.seed).train()  # fp32 master weights
+    if args.compile:
+        compile_layers(model)
     vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
     samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)
     packed = pack(samples, args.budget, pad, device)
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = {"bench": "train", **environment(device), "model": model_label(args.model),
               "autocast": str(autocast).replace("torch.", "") if autocast else None, "samples": args.samples,
               "prompt_len": args.prompt_len, "mean_len": args.mean_len, "max_len": args.max_len,
-              "budget": args.budget, "chunk": args.chunk, "repeats": args.repeats,
+              "budget": args.budget, "chunk": args.chunk, "repeats": args.repeats, "compile": args.compile,
               "packed_micro_batches": len(packed), "padded_micro_batches": len(padded),
               "packed_padding_frac": padding_frac(packed), "padded_padding_frac": padding_frac(padded)}
     for name, ms in runs.items():

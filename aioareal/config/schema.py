@@ -221,6 +221,8 @@ class TrainConfig:
     steps: int = doc("training steps (policy versions to produce)", 400)
     micro_batch_tokens: int = doc("token budget of one packed micro-batch (padding included)", 8192)
     logprob_chunk: int = doc("tokens per chunk when computing log-probs over the vocabulary", 2048)
+    compile: bool = doc("compile each decoder layer with torch.compile (dynamic shapes; for a GPU: on a CPU "
+                        "compiling takes minutes)", False)
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")

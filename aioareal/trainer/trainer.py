@@ -21,6 +21,7 @@ from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
+from .compiled import layers_compiled
 from .logprobs import TokenLogprobs, token_logprobs
 from .objective import Totals, micro_loss
 
@@ -89,8 +90,9 @@ class Trainer:
         # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
         # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
         # Gradient checkpointing drops the prompts' KV cache the shared path needs.
+        # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-        self.share_prompts = collective.size == 1 and not checkpointed
+        self.share_prompts = collective.size == 1 and not checkpointed and not layers_compiled(model)
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
