@@ -223,6 +223,8 @@ class TrainConfig:
     logprob_chunk: int = doc("tokens per chunk when computing log-probs over the vocabulary", 2048)
     compile: bool = doc("compile each decoder layer with torch.compile (dynamic shapes; for a GPU: on a CPU "
                         "compiling takes minutes)", False)
+    varlen: bool | Literal["auto"] = doc("where prompts are not shared, each micro-batch as one row attended per "
+                                         "sequence (no padding FLOPs); auto = with CUDA's varlen kernel", "auto")
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")

@@ -7,10 +7,19 @@ it computes attention as two batched matmuls and a softmax, grouping query heads
 heads instead of repeating the keys: at those lengths torch's CPU flash kernel costs more than the
 arithmetic, and the trainer's step takes about 0.8x the time with this path (README, The CPU
 default run). Results equal SDPA's to float rounding (tests/test_attention.py).
+
+Sequences packed into one row (trainer/varlen.py) arrive with `cu_seq_lens_q` and attend within
+their own sequence only: torch's varlen flash kernel on CUDA; elsewhere SDPA per sequence on the
+CPU, or one SDPA under a block-diagonal causal mask on a GPU without the kernel.
 """
 from __future__ import annotations
 
 import torch
+
+try:  # torch's variable-length flash attention (CUDA only), torch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
 
 try:  # pluggable attention functions and masks: transformers >= 4.53
     from transformers import AttentionInterface
@@ -30,6 +39,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """query (b, H, q, D), key/value (b, Hkv, k, D), mask broadcastable to (b, 1, q, k), bool
     (True attends) or additive -> (b, q, H, D), as transformers' attention functions return."""
+    if kwargs.get("cu_seq_lens_q") is not None:  # one packed row: attend within each sequence
+        return packed_attention(query, key, value, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], scaling), None
     if (query.device.type != "cpu" or key.shape[2] > SHORT_KEYS or dropout
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or (is_causal is False and attention_mask is None)):
@@ -62,6 +73,43 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs.view(b, kv_heads, group * q_len, kv_len), value)
     return out.view(b, heads, q_len, dim).transpose(1, 2).contiguous()
+
+
+def varlen_kernel_available(device: torch.device) -> bool:
+    return device.type == "cuda" and varlen_attn is not None
+
+
+def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_len: int, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each sequence of one packed row: query (1, H, T, D), key/value
+    (1, Hkv, T, D), cu_seqlens (n + 1,) int32 -> (1, T, H, D)."""
+    if varlen_kernel_available(query.device):
+        # The kernel takes (T, heads, D); window (-1, 0) is causal.
+        out = varlen_attn(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                          cu_seqlens, cu_seqlens, max_len, max_len, scale=scaling, window_size=(-1, 0),
+                          enable_gqa=key.shape[1] != query.shape[1])
+        return out[None]
+    gqa = key.shape[1] != query.shape[1]
+    if query.device.type == "cpu":  # per sequence: no FLOPs across sequences; the bounds are host ints
+        bounds = cu_seqlens.tolist()
+        parts = [torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling, enable_gqa=gqa)
+            for s, e in zip(bounds, bounds[1:])]
+        return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
+    # A GPU without the varlen kernel: one SDPA under the block-diagonal mask (reading the bounds
+    # would sync; the mask costs T x T work, the price of an old torch).
+    mask = block_causal_mask(cu_seqlens, query.shape[2])
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                                           enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous()
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """(1, 1, T, T) bool: a query attends to the keys of its own sequence up to itself."""
+    pos = torch.arange(length, device=cu_seqlens.device)
+    seq = torch.bucketize(pos, cu_seqlens[1:].to(torch.long), right=True)  # each position's sequence
+    same = seq[:, None] == seq[None, :]
+    return (same & (pos[None, :] <= pos[:, None]))[None, None]
 
 
 if AttentionInterface is not None:

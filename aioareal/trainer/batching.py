@@ -12,6 +12,7 @@ import torch
 
 from ..samples import Sample
 from .shared_prompts import PromptShare, build_share, share_to
+from .varlen import VarlenRows, build_varlen, varlen_to
 
 
 @dataclass
@@ -31,6 +32,7 @@ class MicroBatch:
     ref_logp: torch.Tensor | None = None
     filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
     share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
+    varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (varlen.py)
 
     @property
     def padded_tokens(self) -> int:
@@ -101,8 +103,10 @@ def computed_positions(samples: list[Sample], budget: int, share: bool) -> int:
     return total
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False) -> MicroBatch:
-    """One micro-batch of these samples; with `share`, also in the shared-prompt layout."""
+def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
+            varlen: bool = False) -> MicroBatch:
+    """One micro-batch of these samples; with `share`, also in the shared-prompt layout, with
+    `varlen` in the one-row layout (at most one of them: the trainer computes from that one)."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
     # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
@@ -123,10 +127,11 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
                       completion_tokens=sum(len(s.tokens) for s in samples),
-                      share=share_to(build_share(samples, pad_id), device) if share else None)
+                      share=share_to(build_share(samples, pad_id), device) if share else None,
+                      varlen=varlen_to(build_varlen(samples), device) if varlen and not share else None)
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
-         share: bool = False) -> list[MicroBatch]:
+         share: bool = False, varlen: bool = False) -> list[MicroBatch]:
     lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    return [collate([samples[i] for i in idx], pad_id, device, share) for idx in plan(lengths, budget)]
+    return [collate([samples[i] for i in idx], pad_id, device, share, varlen) for idx in plan(lengths, budget)]

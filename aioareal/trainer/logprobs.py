@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from .fused_logprobs import fused_head_applies, fused_selected_logprobs
 from .shared_prompts import PromptShare, shared_hidden
+from .varlen import VarlenRows
 
 # A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
 # of recomputed: for a small vocabulary (the offline tiny model's 128 words) the recompute and the
@@ -54,11 +55,20 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk: int = 2048, share: PromptShare | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int = 2048, share: PromptShare | None = None,
+                   varlen: VarlenRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions.
     Returns logp (b, L-1) and entropy (b, L-1), zero off the mask. With `share` (the same rows
-    in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py)."""
-    if share is None:
+    in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py);
+    with `varlen` (the same rows back to back in one row) no position is padding (trainer/varlen.py)."""
+    if varlen is not None:
+        # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
+        # the attention would ignore (models/attention.py reads the sequence bounds instead).
+        none = {"full_attention": None, "sliding_attention": None}
+        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, **varlen.kwargs()).last_hidden_state
+        selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
+        targets = input_ids[:, 1:][loss_mask]
+    elif share is None:
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
@@ -85,6 +95,6 @@ class TokenLogprobs(torch.nn.Module):
         self.lm = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                temperature: float = 1.0, chunk: int = 2048,
-                share: PromptShare | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share)
+                temperature: float = 1.0, chunk: int = 2048, share: PromptShare | None = None,
+                varlen: VarlenRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share, varlen)

@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
+from .varlen import use_varlen
 from .logprobs import TokenLogprobs, token_logprobs
 from .objective import Totals, micro_loss
 
@@ -93,6 +94,8 @@ class Trainer:
         # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         self.share_prompts = collective.size == 1 and not checkpointed and not layers_compiled(model)
+        # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
+        self.varlen = not self.share_prompts and use_varlen(train.varlen, self.device, model)
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
@@ -108,9 +111,9 @@ class Trainer:
         with self._autocast():
             if model is self.model:  # through the module: FSDP2 gathers the shards in its hooks
                 return self.policy(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature,
-                                   self.logprob_chunk, mb.share)
+                                   self.logprob_chunk, mb.share, mb.varlen)
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  self.temperature, self.logprob_chunk, mb.share)
+                                  self.temperature, self.logprob_chunk, mb.share, mb.varlen)
 
     def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
         """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
@@ -120,8 +123,8 @@ class Trainer:
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
         budget = self.micro_batch_tokens
-        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device, self.share_prompts)
-                  for part in parts]
+        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device, self.share_prompts,
+                       self.varlen) for part in parts]
         return self._even_out(packed)
 
     def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:

@@ -1,0 +1,83 @@
+"""A micro-batch's sequences concatenated into one row, for variable-length attention.
+
+The padded layout computes rows x longest-row positions; here the micro-batch's real tokens go
+through the model as one row (1, T), positions restarting at 0 for each sequence, with the
+cumulative sequence lengths (`cu_seqlens`) that tell the attention where each sequence starts.
+The model call passes them on to the attention function as transformers' `cu_seq_lens_q/k` and
+`max_length_q/k` keyword arguments; `models/attention.py` attends within each sequence only: a
+varlen flash kernel on CUDA (`torch.nn.attention.varlen`), a block-diagonal causal mask elsewhere.
+No FLOPs go to padding, in the matmuls or in attention.
+
+Everything is built on the host with the micro-batch, so the device learns the layout by
+non-blocking copies and nothing is read back: `target_index` picks, from the row's hidden states,
+the position that predicts each completion token, in the same row-major order as the padded
+layout's `loss_mask`, so the loss downstream is unchanged.
+
+Used where the shared-prompt layout is not (trainer/shared_prompts.py: under torchrun, with
+gradient checkpointing, with compiled layers): where it applies, computing each group's prompt
+once saves more than dropping padding does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from ..models.attention import ATTENTION, varlen_kernel_available
+from ..samples import Sample
+
+
+@dataclass
+class VarlenRows:
+    input_ids: torch.Tensor  # (1, T) long: the sequences back to back
+    position_ids: torch.Tensor  # (1, T) long: 0 .. len-1 for each sequence
+    cu_seqlens: torch.Tensor  # (n + 1,) int32: where each sequence starts; the last entry is T
+    max_len: int  # longest sequence (a host int: the varlen kernel needs it without a sync)
+    target_index: torch.Tensor  # (targets,) long: positions in the row predicting each completion token
+
+    def kwargs(self) -> dict:
+        """What the model's forward passes on to the attention function."""
+        return dict(position_ids=self.position_ids, cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens,
+                    max_length_q=self.max_len, max_length_k=self.max_len)
+
+
+def build_varlen(samples: list[Sample]) -> VarlenRows:
+    """The one-row layout of these samples (CPU tensors; `varlen_to` moves them)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    starts = [0]
+    targets: list[int] = []
+    for s in samples:
+        row = s.prompt_ids + s.tokens
+        start = len(ids)
+        ids.extend(row)
+        positions.extend(range(len(row)))
+        starts.append(len(ids))
+        # Position t predicts token t + 1: the completion's tokens are predicted from the prompt's
+        # last position on.
+        first = start + len(s.prompt_ids) - 1
+        targets.extend(range(first, first + len(s.tokens)))
+    return VarlenRows(torch.tensor([ids], dtype=torch.long), torch.tensor([positions], dtype=torch.long),
+                      torch.tensor(starts, dtype=torch.int32),
+                      max(len(s.prompt_ids) + len(s.tokens) for s in samples), torch.tensor(targets, dtype=torch.long))
+
+
+def varlen_to(rows: VarlenRows, device: torch.device) -> VarlenRows:
+    put = dict(device=device, non_blocking=True)
+    return VarlenRows(rows.input_ids.to(**put), rows.position_ids.to(**put), rows.cu_seqlens.to(**put),
+                      rows.max_len, rows.target_index.to(**put))
+
+
+
+def use_varlen(setting: bool | str, device: torch.device, model: torch.nn.Module) -> bool:
+    """train.varlen (true, false or "auto") -> whether micro-batches take the one-row layout. It
+    needs the model to run the project's attention ("aioareal"), which reads the sequence bounds:
+    any other would attend across sequences."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    if setting == "auto":
+        return varlen_kernel_available(device) and attention == ATTENTION == "aioareal"
+    if setting and attention != "aioareal":
+        raise UserError(f"train.varlen=true needs the model's attention implementation 'aioareal' (models load "
+                        f"with it on transformers >= 4.53), but it is {attention!r}; set train.varlen=false")
+    return bool(setting)

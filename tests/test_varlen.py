@@ -1,0 +1,145 @@
+"""train.varlen: a micro-batch's sequences in one row, attended per sequence (trainer/varlen.py,
+models/attention.py packed_attention)."""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aioareal.build import build_models, build_trainer
+from aioareal.config import load_config
+from aioareal.errors import UserError
+from aioareal.generation import Completion
+from aioareal.models import random_model
+from aioareal.models.attention import block_causal_mask, packed_attention
+from aioareal.samples import Group, Sample
+from aioareal.tasks.base import Example
+from aioareal.trainer import train_step
+from aioareal.trainer.batching import collate
+from aioareal.trainer.logprobs import token_logprobs
+from aioareal.trainer.varlen import build_varlen, use_varlen
+
+
+def sample(prompt: list[int], tokens: list[int]) -> Sample:
+    return Sample(prompt, Completion(tokens, [-1.0] * len(tokens), [0] * len(tokens), "stop"), 1.0)
+
+
+def samples_from(rng: random.Random, n: int, long: int = 20) -> list[Sample]:
+    return [sample([rng.randrange(3, 100) for _ in range(rng.randint(1, long))],
+                   [rng.randrange(3, 100) for _ in range(rng.randint(1, long))]) for _ in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=8))
+def test_the_one_row_layout_holds_every_token_once_and_points_at_each_target(lengths):
+    samples = [sample(list(range(10, 10 + p)), list(range(50, 50 + c))) for p, c in lengths]
+    rows = build_varlen(samples)
+    ids, bounds = rows.input_ids[0].tolist(), rows.cu_seqlens.tolist()
+    assert bounds[0] == 0 and bounds[-1] == len(ids) == sum(p + c for p, c in lengths)
+    for s, start, end in zip(samples, bounds, bounds[1:]):
+        assert ids[start:end] == s.prompt_ids + s.tokens  # every token once, in order
+        assert rows.position_ids[0, start:end].tolist() == list(range(end - start))
+    assert rows.max_len == max(p + c for p, c in lengths)
+    # Each target index is the position predicting a completion token, in loss_mask's order.
+    mb = collate(samples, 0, torch.device("cpu"))
+    assert [ids[i + 1] for i in rows.target_index.tolist()] == mb.input_ids[:, 1:][mb.loss_mask].tolist()
+
+
+def test_the_block_causal_mask_attends_within_each_sequence_up_to_itself():
+    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)[0, 0]
+    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]])
+    assert torch.equal(mask, expected.bool())
+
+
+def test_packed_attention_on_the_cpu_equals_the_block_mask_sdpa():
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 3, 10, 11, 20], dtype=torch.int32)
+    q, k, v = torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)
+    out = packed_attention(q, k, v, cu, 9, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(cu, 20), enable_gqa=True)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_one_row_log_probs_and_gradients_equal_the_padded_ones():
+    model = random_model("tiny", torch.float32, torch.device("cpu"))
+    samples = samples_from(random.Random(1), 7)
+    mb = collate(samples, 0, torch.device("cpu"), varlen=True)
+    padded_logp, padded_ent = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+    padded_logp.sum().backward()
+    padded_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logp, ent = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, varlen=mb.varlen)
+    logp.sum().backward()
+    torch.testing.assert_close(logp, padded_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, padded_ent, rtol=1e-5, atol=1e-5)
+    for p, g in zip(model.parameters(), padded_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+
+
+def test_no_token_attends_across_a_sequence_boundary():
+    model = random_model("tiny", torch.float32, torch.device("cpu"))
+    samples = samples_from(random.Random(2), 4)
+    changed = copy.deepcopy(samples)
+    changed[1] = sample([7] * len(samples[1].prompt_ids), [9] * len(samples[1].tokens))  # same length, other tokens
+    with torch.no_grad():
+        logps = []
+        for batch in (samples, changed):
+            mb = collate(batch, 0, torch.device("cpu"), varlen=True)
+            logps.append(token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, varlen=mb.varlen)[0])
+    others = [0, 2, 3]
+    torch.testing.assert_close(logps[0][others], logps[1][others], rtol=0, atol=1e-6)
+    assert not torch.allclose(logps[0][1], logps[1][1])
+
+
+def test_a_training_step_in_one_rows_equals_the_padded_one():
+    """Gradient checkpointing turns the shared prompts off, so the micro-batches are padded or varlen."""
+    losses = {}
+    for varlen in ("false", "true"):
+        config = load_config(overrides=["model.name=random:tiny", "algo.group_size=4", "model.gradient_checkpointing=true",
+                                        f"train.varlen={varlen}"])
+        device = torch.device("cpu")
+        torch.manual_seed(0)
+        models = build_models(config, config.model.name, None, device, device)
+        trainer = build_trainer(config, models, pad_id=0)
+        assert not trainer.share_prompts and trainer.varlen == (varlen == "true")
+        rng = random.Random(3)
+        groups = []
+        for g in range(4):  # groups of 4 continuations of one prompt, rewards 0 and 1 alternating
+            prompt = [rng.randrange(3, 100) for _ in range(rng.randint(2, 8))]
+            batch = [sample(prompt, [rng.randrange(3, 100) for _ in range(rng.randint(1, 8))]) for _ in range(4)]
+            for i, s in enumerate(batch):
+                s.reward = float(i % 2)
+            groups.append(Group(g, Example(str(g), "q", "a"), prompt, 0, 0.0, samples=batch))
+        metrics = train_step(trainer, groups)
+        losses[varlen] = (metrics["loss"], metrics["grad_norm"], [p.detach().clone() for p in trainer.params])
+        assert all(mb.varlen is not None for part in trainer.pack(groups) for mb in part) == (varlen == "true")
+    assert losses["true"][0] == pytest.approx(losses["false"][0], rel=1e-4, abs=1e-6)
+    assert losses["true"][1] == pytest.approx(losses["false"][1], rel=1e-4)
+    for a, b in zip(losses["true"][2], losses["false"][2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_auto_stays_padded_on_the_cpu_and_true_needs_the_project_attention():
+    model = random_model("tiny", torch.float32, torch.device("cpu"))
+    assert use_varlen("auto", torch.device("cpu"), model) is False
+    assert use_varlen(True, torch.device("cpu"), model) is True
+    model.config._attn_implementation = "sdpa"
+    with pytest.raises(UserError, match="train.varlen"):
+        use_varlen(True, torch.device("cpu"), model)
+
+
+@pytest.mark.gpu
+def test_the_cuda_varlen_kernel_equals_the_block_mask_reference_in_bf16():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 30, 100, 101, 256], dtype=torch.int32, device="cuda")
+    q = torch.randn(1, 14, 256, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = packed_attention(q, k, v, cu, 70, None)
+    ref = packed_attention(q.float().cpu(), k.float().cpu(), v.float().cpu(), cu.cpu(), 70, None)
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
