@@ -146,6 +146,10 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
         assert r[f"{mode}_samples_s"] * r[f"{mode}_s_per_step"] == pytest.approx(2 * 2)
         assert r[f"{mode}_train_idle"] < 1  # the trainer was busy for both timed steps
         assert 1 <= r[f"{mode}_len_mean"] <= 12 and r[f"{mode}_staleness_max"] <= k
+        # Where the time went, per timed step: the trainer's forward and backward took some of it.
+        assert 0 < r[f"{mode}_time_loss_s"] < r[f"{mode}_s_per_step"]
+    # Sync generates every batch in its own step (async may have generated all ahead, in warm-up).
+    assert 0 < r["sync_time_gen_decode_s"] < r["sync_s_per_step"]
     # Sync never generates and trains at once: the two busy times fit in one wall clock, so the two
     # idle fractions add up to at least 1 (async and one-step overlap them).
     assert r["sync_gen_idle"] < 1 and r["sync_gen_idle"] + r["sync_train_idle"] >= 1 - 1e-9
