@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import time
 from typing import Any, Callable
 
 import torch
@@ -61,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare LoRA of this rank against full fine-tuning instead (needs peft; default 0: off)")
     p.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default 2 x rank)")
     p.add_argument("--compile", action="store_true",
-                   help="compile each decoder layer first, as train.compile does (the warm-up round waits for it)")
+                   help="compile each decoder layer first, as train.compile does (the first pass, timed apart; "
+                        "with --lora-rank both sides)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
                         "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
@@ -86,7 +88,8 @@ def chunked_loss(chunk: int) -> LossFn:
 
 
 def naive_loss(model: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()  # (b, L-1, V)
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                   use_cache=False).logits[:, :-1].float()  # (b, L-1, V)
     logz = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1) - logz
     with torch.no_grad():
@@ -104,6 +107,18 @@ def train_pass(model: PreTrainedModel, mbs: list[MicroBatch], loss_fn: LossFn, a
         loss.backward()
     model.zero_grad(set_to_none=True)
     return sum(mb.real_tokens for mb in mbs)
+
+
+def first_pass_seconds(model: PreTrainedModel, mbs: list[MicroBatch], loss_fn: LossFn,
+                       autocast: torch.dtype | None, device: torch.device) -> float:
+    """Compile each decoder layer (train.compile) and time the first pass, which compiles them:
+    with dynamic shapes the other variants' shapes reuse that graph."""
+    compile_layers(model)
+    start = time.perf_counter()
+    train_pass(model, mbs, loss_fn, autocast)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # intentional: the compile time includes the first pass's kernels
+    return time.perf_counter() - start
 
 
 def padded_groups(samples: list[Sample], budget: int, rows: int = 0) -> list[list[Sample]]:
@@ -152,8 +167,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dtype = pick_dtype(args.dtype, device)
     autocast = dtype if device.type == "cuda" and dtype != torch.float32 else None
     model = build_model(args.model, torch.float32, device, args.seed).train()  # fp32 master weights
-    if args.compile:
-        compile_layers(model)
     vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
     samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)
     packed = pack(samples, args.budget, pad, device)
@@ -163,6 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{args.samples} samples, {args.prompt_len}-token prompts, completions mean {args.mean_len:.0f} "
           f"cap {args.max_len}; {len(packed)} packed / {len(padded)} padded micro-batches", flush=True)
     chunked = chunked_loss(args.chunk)
+    compile_s = first_pass_seconds(model, packed, chunked, autocast, device) if args.compile else None
     runs = alternate({"packed_chunked": lambda: train_pass(model, packed, chunked, autocast),
                       "packed_naive": lambda: train_pass(model, packed, naive_loss, autocast),
                       "padded_chunked": lambda: train_pass(model, padded, chunked, autocast)},
@@ -171,6 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "autocast": str(autocast).replace("torch.", "") if autocast else None, "samples": args.samples,
               "prompt_len": args.prompt_len, "mean_len": args.mean_len, "max_len": args.max_len,
               "budget": args.budget, "chunk": args.chunk, "repeats": args.repeats, "compile": args.compile,
+              "compile_s": compile_s,
               "packed_micro_batches": len(packed), "padded_micro_batches": len(padded),
               "packed_padding_frac": padding_frac(packed), "padded_padding_frac": padding_frac(padded)}
     for name, ms in runs.items():
@@ -209,3 +224,5 @@ def report(r: dict[str, Any]) -> None:
           f"{100 * r['packed_padding_frac']:.1f}% ({r['packed_micro_batches']} micro-batches) vs "
           f"{100 * r['padded_padding_frac']:.1f}% ({r['padded_micro_batches']})")
     print(f"  weight sync       {sync_cost.line(r)}", flush=True)
+    if r.get("compile_s") is not None:
+        print(f"  compile           {r['compile_s']:.1f} s: the first pass, layers compiled (not in the tok/s above)")

@@ -26,6 +26,8 @@ from ..lora import trainable_parameters, wrap
 from ..lorasync import LoraSync
 from ..models import resolve_dtype
 from ..trainer.batching import MicroBatch, pack
+from ..trainer.compiled import compile_layers
+from ..trainer.optim import adamw_kind
 from ..weightsync import WeightSync
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label, pick_device,
                       pick_dtype, ratio)
@@ -40,8 +42,7 @@ class Side:
     def __init__(self, model: nn.Module, ref_bytes: int, autocast: torch.dtype | None, loss: LossFn) -> None:
         self.model, self.ref_bytes, self.autocast, self.loss = model, ref_bytes, autocast, loss
         self.params = [p for p in model.parameters() if p.requires_grad]
-        fused = self.params[0].device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-6, fused=fused)
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-6, **adamw_kind(self.params))
 
     def update(self, mbs: list[MicroBatch]) -> int:
         tokens = sum(mb.completion_tokens for mb in mbs)
@@ -75,6 +76,9 @@ def build_sides(args: argparse.Namespace, device: torch.device, autocast: torch.
     config = load_config(overrides=[f"model.lora_rank={args.lora_rank}", f"model.lora_alpha={alpha}"]).model
     peft_model = wrap(build_model(args.model, compute, device, args.seed), config)
     lora_model = peft_model.get_base_model().train()
+    if args.compile:  # the warm-up round waits for it
+        compile_layers(full_model)
+        compile_layers(lora_model)
     return Side(full_model, ref_bytes, autocast, loss), Side(lora_model, 0, autocast, loss), peft_model
 
 

@@ -7,10 +7,13 @@ layer's `forward` is what is compiled, not its `__call__`, so the module hooks F
 checkpointing hang on a layer run eagerly around the compiled body, in whichever order they were
 applied. The trainer's shared-prompt path is off for compiled layers: it hands each layer the
 prompts' KV cache, and dynamo guards on that cache's per-layer state, so every layer and shape
-compiled anew (past torch's recompile limit). `dynamic=True` because micro-batch shapes (rows, width) change every step: with static
-shapes each new shape would compile again. What it buys is fused elementwise kernels (RMSNorm,
-RoPE, SiLU x up, residual adds) in forward and backward; on a GPU that is launch overhead and
-memory traffic saved. On a 2-core CPU a layer takes minutes to compile with inductor, more than
+compiled anew (past torch's recompile limit). For the same reason the training forward asks for
+no KV cache (`use_cache=False`, trainer/logprobs.py): one graph serves every layer and shape.
+`dynamic=True` because micro-batch shapes (rows, width) change every step: with static shapes each
+new shape would compile again. peft's LoRA layers trace too (tests/test_train_compile.py: equal
+to eager, adapters off for the KL reference included). What it buys is fused elementwise kernels
+(RMSNorm, RoPE, SiLU x up, residual adds) in forward and backward; on a GPU that is launch
+overhead and memory traffic saved. On a 2-core CPU a layer takes minutes to compile with inductor, more than
 the default run's whole training, so it is off by default.
 """
 from __future__ import annotations

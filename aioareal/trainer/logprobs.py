@@ -65,11 +65,15 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
-        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, **varlen.kwargs()).last_hidden_state
+        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
+                             **varlen.kwargs()).last_hidden_state
         selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
     elif share is None:
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, L, H)
+        # No KV cache: a training forward never reads one back, and with compiled layers
+        # (trainer/compiled.py) each layer's cache entry would be a guard, one graph per layer.
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
+                             use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
     else:  # row-major over the targets, the same order as loss_mask's

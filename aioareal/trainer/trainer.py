@@ -24,6 +24,7 @@ from .batching import MicroBatch, pack
 from .compiled import layers_compiled
 from .varlen import use_varlen
 from .logprobs import TokenLogprobs, token_logprobs
+from .optim import adamw_kind
 from .objective import Totals, micro_loss
 
 
@@ -78,7 +79,7 @@ class Trainer:
         self.autocast_dtype = autocast_dtype if self.device.type == "cuda" else None
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
-            weight_decay=self.algo.weight_decay, fused=self.device.type == "cuda")
+            weight_decay=self.algo.weight_decay, **adamw_kind(self.params))
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
