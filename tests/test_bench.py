@@ -148,6 +148,8 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
         assert 1 <= r[f"{mode}_len_mean"] <= 12 and r[f"{mode}_staleness_max"] <= k
         # Where the time went, per timed step: the trainer's forward and backward took some of it.
         assert 0 < r[f"{mode}_time_loss_s"] < r[f"{mode}_s_per_step"]
+        # Sync and one-step adopt weights only between batches, so no sample spans two versions.
+        assert r[f"{mode}_interrupted"] == 0 if mode != "async" else 0 <= r[f"{mode}_interrupted"] <= 1
     # Sync generates every batch in its own step (async may have generated all ahead, in warm-up).
     assert 0 < r["sync_time_gen_decode_s"] < r["sync_s_per_step"]
     # Sync never generates and trains at once: the two busy times fit in one wall clock, so the two

@@ -210,6 +210,7 @@ def test_against_a_bench_line_predicts_the_same_setting(capsys, tmp_path):
     assert [r["mode"] for r in rows] == ["sync"]
     assert rows[0]["predicted_samples_s"] == pytest.approx(predicted)
     assert rows[0]["error"] == pytest.approx(predicted / 2.0 - 1)
+    assert rows[0]["predicted_interrupted"] == 0 and rows[0]["measured_interrupted"] is None  # not in that line
 
 
 @pytest.mark.parametrize("args, expected", [

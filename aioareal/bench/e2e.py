@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out.update({f"{key}_samples_s": r.samples_per_s, f"{key}_s_per_step": r.s_per_step,
                     f"{key}_s_per_step_median": median(r.step_seconds), f"{key}_gen_idle": r.gen_idle,
                     f"{key}_train_idle": r.train_idle, f"{key}_len_mean": fmean(r.lengths),
-                    f"{key}_staleness_max": r.staleness_max,
+                    f"{key}_staleness_max": r.staleness_max, f"{key}_interrupted": r.interrupted,
                     **{f"{key}_time_{phase}_s": seconds for phase, seconds in sorted(r.phases.items())}})
     for mode in ("async", "one-step"):
         if mode in results and "sync" in results:
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report_mode(mode: str, k: int, r: ModeResult) -> None:
     print(f"  {mode:<9} K={k}  {r.samples_per_s:8.1f} samples/s  {r.s_per_step:7.3f} s/step  "
           f"gen idle {100 * r.gen_idle:4.1f}%  train idle {100 * r.train_idle:4.1f}%  "
-          f"len mean {fmean(r.lengths):.0f}  staleness max {r.staleness_max}", flush=True)
+          f"len mean {fmean(r.lengths):.0f}  staleness max {r.staleness_max}  "
+          f"interrupted {100 * r.interrupted:.0f}%", flush=True)
     busiest = sorted(r.phases.items(), key=lambda kv: -kv[1])[:6]
     print("             s/step in " + ", ".join(f"{phase} {seconds:.3f}" for phase, seconds in busiest), flush=True)

@@ -50,6 +50,7 @@ class Timeline:
     marks: list[tuple[int, float, float, float]] = field(default_factory=lambda: [(0, 0.0, 0.0, 0.0)])
     lengths: list[int] = field(default_factory=list)
     staleness_max: int = 0
+    interrupted: int = 0  # timed samples whose tokens came from more than one version (a weight swap mid-rollout)
     # Seconds per named phase over the timed steps (the rows' `time_*`: the trainer's loss,
     # optimizer...; the generator's decode, prefill, recompute_kv, score): where a mode's time went.
     phases: dict[str, float] = field(default_factory=dict)
@@ -62,6 +63,7 @@ class Timeline:
         if report.step > self.warmup:
             self.lengths += [len(s.tokens) for g in report.groups for s in g.samples]
             self.staleness_max = max(self.staleness_max, report.row["staleness_max"])
+            self.interrupted += sum(s["version_min"] < s["version_max"] for s in report.samples)
             for key, value in report.row.items():
                 if key.startswith("time_"):
                     self.phases[key[5:]] = self.phases.get(key[5:], 0.0) + value
@@ -80,6 +82,7 @@ class ModeResult:
     lengths: list[int]
     staleness_max: int
     phases: dict[str, float]  # seconds per timed step in each phase (Timeline.phases)
+    interrupted: float  # fraction of timed samples generated under more than one version
 
 
 def e2e_config(args: argparse.Namespace, mode: str, k: int, steps: int) -> Config:
@@ -141,4 +144,5 @@ def summarise(t: Timeline, args: argparse.Namespace) -> ModeResult:
     samples = args.steps * args.batch_groups * args.group_size
     return ModeResult(samples / wall, wall / args.steps, [b - a for a, b in zip(times, times[1:])],
                       max(0.0, 1 - (g1 - g0) / wall), max(0.0, 1 - (r1 - r0) / wall), t.lengths, t.staleness_max,
-                      {name: seconds / args.steps for name, seconds in t.phases.items()})
+                      {name: seconds / args.steps for name, seconds in t.phases.items()},
+                      t.interrupted / samples)

@@ -96,7 +96,7 @@ async def measure(args: argparse.Namespace, gen: Any, trainer: Any, max_len: int
     groups = synthetic_groups(args.batch_groups, size, args.prompt_len, args.mean_len, args.max_new_tokens,
                               trainer.version, vocab, rng)
     shared = await contention(gen, trainer, groups, size, min(args.prompt_len + int(args.mean_len), max_len - 64),
-                              PROFILE_NEW_TOKENS, args.repeats, CONTENTION_ROUNDS, vocab, args.seed)
+                              PROFILE_NEW_TOKENS, CONTENTION_ROUNDS, vocab, args.seed)
     reward = await reward_seconds(size, 8)
     return {"engine": engine, "train": train, "train_budget": trainer.trainer.micro_batch_tokens,
             "train_share": trainer.trainer.share_prompts, "publish": median(publish), "adopt": adopt, "contention": shared,

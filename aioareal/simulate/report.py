@@ -79,7 +79,8 @@ def against_rows(profile: Profile, topology: Topology, path: str) -> list[dict[s
                          "measured_samples_s": measured, "predicted_samples_s": r.samples_per_s,
                          "error": r.samples_per_s / measured - 1, "measured_gen_idle": line.get(f"{key}_gen_idle"),
                          "predicted_gen_idle": r.gen_idle, "measured_train_idle": line.get(f"{key}_train_idle"),
-                         "predicted_train_idle": r.train_idle})
+                         "predicted_train_idle": r.train_idle,
+                         "measured_interrupted": line.get(f"{key}_interrupted"), "predicted_interrupted": r.interrupted})
     return rows
 
 
@@ -90,12 +91,13 @@ def _pair(measured: float | None, predicted: float) -> str:
 def print_against(profile: Profile, topology: Topology, rows: list[dict[str, Any]]) -> None:
     print(f"simulate --against: profile {profile.name} ({profile.kind}), {topology.label()}")
     print(f"  {'lengths':<16}{'mode':<9}{'K':>3}{'measured':>10}{'predicted':>11}{'error':>8}"
-          f"{'gen idle m/p':>15}{'train idle m/p':>17}")
+          f"{'gen idle m/p':>15}{'train idle m/p':>17}{'interrupted m/p':>18}")
     for r in rows:
         print(f"  {r['length_dist'] + ' ' + format(r['mean_len'], 'g'):<16}{r['mode']:<9}{r['k']:>3}"
               f"{r['measured_samples_s']:>10.2f}{r['predicted_samples_s']:>11.2f}{100 * r['error']:>+7.1f}%"
               f"{_pair(r['measured_gen_idle'], r['predicted_gen_idle']):>15}"
-              f"{_pair(r['measured_train_idle'], r['predicted_train_idle']):>17}")
+              f"{_pair(r['measured_train_idle'], r['predicted_train_idle']):>17}"
+              f"{_pair(r.get('measured_interrupted'), r.get('predicted_interrupted', 0.0)):>18}")
     for line in sorted({(r["length_dist"], r["mean_len"]) for r in rows}):
         by_mode = {r["mode"]: r for r in rows if (r["length_dist"], r["mean_len"]) == line}
         if "sync" in by_mode:
