@@ -108,14 +108,32 @@ def test_a_compiled_lora_step_equals_the_eager_one():
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_adamw_on_cpu_is_foreach_and_the_trainer_uses_it():
+def test_adamw_is_fused_on_one_device_foreach_across_devices_and_the_trainer_uses_it():
     params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
-    assert adamw_kind(params) == {"foreach": True}
+    assert adamw_kind(params) == {"fused": True}
     assert adamw_kind([]) == {"foreach": True}
+    assert adamw_kind([torch.nn.Parameter(torch.randn(2, device="meta"))]) == {"foreach": True}
     config = load_config(overrides=["model.name=random:tiny"])
     trainer = Trainer(random_model("tiny", torch.float32, torch.device("cpu")), config.algo, config.train, pad_id=0)
     group = trainer.optimizer.param_groups[0]
-    assert group["foreach"] is True and not group["fused"]
+    assert group["fused"] is True and not group["foreach"]
+
+
+def test_fused_adamw_on_the_cpu_steps_as_foreach_does():
+    torch.manual_seed(0)
+    weights, grads = [torch.randn(5, 3), torch.randn(7)], [[torch.randn(5, 3), torch.randn(7)] for _ in range(4)]
+    out = []
+    for kind in ({"fused": True}, {"foreach": True}):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        opt = torch.optim.AdamW(params, lr=0.05, betas=(0.9, 0.99), weight_decay=0.1, **kind)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.clone()
+            opt.step()
+        out.append([p.detach() for p in params])
+    for a, b, w in zip(*out, weights):
+        torch.testing.assert_close(a, b)
+        assert not torch.allclose(a, w)
 
 
 def test_fused_adamw_steps_a_dtensor_as_foreach_does():

@@ -1,12 +1,14 @@
 """Which AdamW implementation the trainer's optimizer runs: `fused` or `foreach`.
 
-`fused=True` is one kernel launch per parameter group and dtype for the whole update (read the
-gradient, both moments and the weight once), where `foreach` is one launch per elementwise op
-over lists of tensors and the default for-loop one per op per parameter. Fused is taken where
-every trained parameter is a floating tensor on CUDA; FSDP2's sharded parameters (DTensors)
-qualify too: torch 2.13 shards `_fused_adamw_` as a pointwise op over the local shards
-(tests/test_train_compile.py checks that it equals foreach on a DTensor). Anywhere else (the CPU,
-mixed devices) it is `foreach`: torch's own default picks the for-loop on the CPU.
+`fused=True` is one kernel per parameter group and dtype for the whole update (read the gradient,
+both moments and the weight once), where `foreach` is one launch per elementwise op over lists of
+tensors and the default for-loop one per op per parameter. torch has the fused kernel on CUDA and
+on the CPU; on the CPU it is the fastest too: the tiny model's 50 tensors (0.8M numbers), two
+threads, 0.57 ms a step fused, 2.08 foreach, 3.10 for-loop (100 steps, three rounds alike). Fused is
+taken where every trained parameter is a floating tensor on one of those devices (all CUDA or all
+CPU); FSDP2's sharded parameters (DTensors) qualify too: torch 2.13 shards `_fused_adamw_` as a
+pointwise op over the local shards (tests/test_train_compile.py checks that it equals foreach on a
+DTensor). Mixed devices take `foreach`.
 """
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from collections.abc import Iterable
 
 import torch
 
+FUSED_DEVICES = ("cuda", "cpu")
+
 
 def adamw_kind(params: Iterable[torch.Tensor]) -> dict[str, bool]:
     """`{"fused": True}` or `{"foreach": True}`, to pass to `torch.optim.AdamW` for `params`."""
     params = list(params)
     # A DTensor's `.device` is its local shard's, which is where the fused kernel runs.
-    fused = bool(params) and all(p.device.type == "cuda" and torch.is_floating_point(p) for p in params)
+    kinds = {p.device.type for p in params}
+    fused = len(kinds) == 1 and kinds <= set(FUSED_DEVICES) and all(torch.is_floating_point(p) for p in params)
     return {"fused": True} if fused else {"foreach": True}
