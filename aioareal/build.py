@@ -179,7 +179,7 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
                   seed=config.run.seed if seed is None else seed,
                   cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
                   compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
-                  overlap=g.overlap,
+                  overlap=g.overlap, shared_prefix=g.shared_prefix,
                   fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
 
 

@@ -55,6 +55,13 @@ def test_gen_compares_fused_and_unfused_projections(capsys, tmp_path):
     assert r["fused"] is False and "fused_vs_unfused" not in r
 
 
+def test_gen_compares_shared_prefix_and_plain_decode(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "3", "--prompt-len", "5",
+                  "--new-tokens", "4", "--repeats", "1", "--shared-prefix", "--compare-shared-prefix")
+    assert r["shared_prefix"] is True and r["shared_on_tok_s"] == pytest.approx(r["engine_tok_s"])
+    assert r["shared_vs_plain"] == pytest.approx(r["shared_on_tok_s"] / r["shared_off_tok_s"])
+
+
 def test_gen_compares_overlap_on_and_off(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "2", "--prompt-len", "4",
                   "--new-tokens", "3", "--repeats", "1", "--compare-overlap")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -46,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default auto: on for CUDA)")
     p.add_argument("--compare-overlap", action="store_true",
                    help="also time an engine with the other overlap setting in the same rounds (overlap_vs_plain)")
+    p.add_argument("--shared-prefix", action="store_true",
+                   help="decode with each group's prompt keys read once (generation.shared_prefix; eager: no CUDA "
+                        "graphs)")
+    p.add_argument("--compare-shared-prefix", action="store_true",
+                   help="also time an engine with the other shared-prefix setting in the same rounds "
+                        "(shared_vs_plain; pass --no-cuda-graphs so both decode eagerly)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
 
@@ -109,7 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     graphs = args.cuda_graphs and device.type == "cuda"
     setting = Config(generation=GenerationSettings(max_new_tokens=args.new_tokens, num_slots=slots, temperature=1.0,
                                                  top_p=1.0, cuda_graphs=args.cuda_graphs,
-                                                 overlap="auto" if args.overlap is None else args.overlap),
+                                                 overlap="auto" if args.overlap is None else args.overlap,
+                                                 shared_prefix=args.shared_prefix),
                      run=RunConfig(seed=args.seed))
     max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
     engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
@@ -120,27 +127,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
     contenders = {"engine": lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens),
                   "generate": lambda: run_generate(model, prompts_dev, config)}
-    if args.compare_fusion:  # the same model: its modules read the fused storage, one matmul each
-        plain = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=False)
-        contenders["unfused"] = lambda: run_engine(plain, prompt_rows, args.samples, args.new_tokens)
-    if args.compare_overlap:
-        # A second engine on the same model; with fusion its build re-points the parameters at a
-        # fresh fused copy, while the first engine keeps computing from its own (the same values).
-        flipped = replace(setting, generation=replace(setting.generation, overlap=not engine.overlap))
-        other = build_engine(flipped, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
-        contenders["flipped"] = lambda: run_engine(other, prompt_rows, args.samples, args.new_tokens)
+    contenders.update(twins(args, setting, engine, model, max_len, prompt_rows))
     runs = alternate(contenders, args.repeats, device)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
     result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
     result["overlap"] = engine.overlap
     if args.compare_overlap:
         add_overlap_comparison(result, engine.overlap, runs)
+    result["shared_prefix"] = engine.shared_prefix
+    if args.compare_shared_prefix:
+        other = runs["prefix_flipped"][-1].result / median_seconds(runs["prefix_flipped"])
+        on, off = (result["engine_tok_s"], other) if engine.shared_prefix else (other, result["engine_tok_s"])
+        result["shared_on_tok_s"], result["shared_off_tok_s"], result["shared_vs_plain"] = on, off, ratio(on, off)
     if args.compare_fusion:
         result["unfused_s_rounds"] = [m.seconds for m in runs["unfused"]]
         result["unfused_tok_s"] = runs["unfused"][-1].result / median_seconds(runs["unfused"])
         result["fused_vs_unfused"] = ratio(result["engine_tok_s"], result["unfused_tok_s"])
     report(result)
     return result
+
+
+def twins(args: argparse.Namespace, setting: Config, engine: Engine, model: PreTrainedModel, max_len: int,
+          prompt_rows: list[list[int]]) -> dict[str, Callable[[], Any]]:
+    """Engines timed beside the main one in the same rounds: unfused, overlap flipped, shared
+    prefix flipped. Each is a second engine on the same model; with fusion its build re-points the
+    parameters at a fresh fused copy, while the first engine keeps computing from its own (the
+    same values)."""
+    out = {}
+
+    def twin(name: str, config: Config, fuse: bool) -> None:
+        other = build_engine(config, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=fuse)
+        out[name] = lambda: run_engine(other, prompt_rows, args.samples, args.new_tokens)
+
+    g = setting.generation
+    if args.compare_fusion:  # its modules read the fused storage, one matmul each
+        twin("unfused", setting, False)
+    if args.compare_overlap:
+        twin("flipped", replace(setting, generation=replace(g, overlap=not engine.overlap)), args.fuse)
+    if args.compare_shared_prefix:
+        twin("prefix_flipped", replace(setting, generation=replace(g, shared_prefix=not g.shared_prefix)), args.fuse)
+    return out
 
 
 def add_overlap_comparison(result: dict[str, Any], engine_overlaps: bool, runs: dict) -> None:
@@ -196,6 +222,9 @@ def report(r: dict[str, Any]) -> None:
     if "overlap_vs_plain" in r:
         print(f"  overlap   {r['overlap_on_tok_s']:>10.0f} tok/s on, {r['overlap_off_tok_s']:.0f} off; "
               f"on / off {r['overlap_vs_plain']:.2f}x")
+    if "shared_vs_plain" in r:
+        print(f"  prefix    {r['shared_on_tok_s']:>10.0f} tok/s shared, {r['shared_off_tok_s']:.0f} plain; "
+              f"shared / plain {r['shared_vs_plain']:.2f}x")
     if "fused_vs_unfused" in r:
         print(f"  unfused   {r['unfused_tok_s']:>10.0f} tok/s; fused / unfused {r['fused_vs_unfused']:.2f}x")
     if r["engine_peak_mem_gb"] is not None:

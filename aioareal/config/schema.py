@@ -119,6 +119,9 @@ class GenerationConfig:
     fused_sampler: bool | Literal["auto"] = doc(
         "sample with the exponential race compiled into per-row reductions that read the logits once "
         "(torch.compile; top_p < 1 keeps the plain sampler); auto = on with CUDA and Triton, off on the CPU", "auto")
+    shared_prefix: bool = doc(
+        "decode attention reads each group's prompt keys once instead of once per sample (generation/prefix.py); "
+        "eager decode only (not with CUDA graphs or generation.compile); off until measured on a GPU", False)
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")

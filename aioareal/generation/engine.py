@@ -47,43 +47,23 @@ from .sampling import SamplingParams, sample
 from .scheduler import Scheduler
 from .sequence import GroupRequest, GroupResult, GroupState, Running
 from .upload import upload, upload_padded
-
-# With CUDA graphs the attention span is rounded up to a bucket so few graphs are captured;
-# eager decoding attends over exactly the live context.
-GRAPH_SPAN_BUCKET = 64
-# Attention spans up to which the CPU's decode of the live slots alone pays at any live count.
-SHORT_SPAN = 32
-
-
-def live_decode_pays(live: int, n: int, span: int) -> bool:
-    """Whether the CPU decodes only the `live` running slots of the first n (engine._decode_live)
-    rather than all n. Gathering the live slots' cache rows costs about what attention over them
-    does, so it pays when contexts are short or at least half the slots are done (tiny model, one
-    thread: at span 16, 48 of 64 live 4.2 vs 4.9 ms a step; at span 320, 48 live 29.6 vs 20.0 ms,
-    32 live 12.5 vs 19.8 ms)."""
-    return live < n and (span <= SHORT_SPAN or 2 * live <= n)
-
-
-def resolve_overlap(overlap: bool | str, device: torch.device) -> bool:
-    """`overlap` as the config gives it (true, false or "auto") -> whether the engine overlaps.
-    Auto is on for CUDA only: on the CPU ops are synchronous, so there is no device to keep busy."""
-    if overlap == "auto":
-        return device.type == "cuda"
-    if not isinstance(overlap, bool):
-        raise ValueError(f"overlap must be true, false or 'auto', got {overlap!r}")
-    return overlap
+from .policy import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap  # noqa: F401 (re-exported)
+from .prefix import PrefixLayout, layout_of
 
 
 class Engine:
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
                  recompute_kv: bool = True, compile: bool = False, timed: bool = False,
-                 fuse: bool = True, overlap: bool | str = "auto", fused_sampler: bool = False) -> None:
+                 fuse: bool = True, overlap: bool | str = "auto", fused_sampler: bool = False,
+                 shared_prefix: bool = False) -> None:
         """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
         parameters are re-pointed into (fusion.py); pass False for a model that also trains.
         `overlap`: launch each step before reading the previous one's tokens (module docstring);
         True, False or "auto" (on for CUDA).
-        `fused_sampler`: the compiled sampler that reads the logits once (fused_sampling.py)."""
+        `fused_sampler`: the compiled sampler that reads the logits once (fused_sampling.py).
+        `shared_prefix`: decode the running slots with each group's prompt keys read once
+        (prefix.py); eager only: with CUDA graphs or a compiled decode it is not used."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
@@ -116,6 +96,8 @@ class Engine:
         # are restored after the capture's warm-up run.
         state = [self.next_token, self.position, self.live, self.limits.remaining]
         self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
+        self.shared_prefix = shared_prefix and not graphs and not compile
+        self.layout: PrefixLayout | None = None  # the last shared-prefix layout, reused while unchanged
         if self.stream is not None:
             # The cache, the state tensors and maybe the model were just written on the caller's
             # stream (the trainer's thread builds engines for evaluation); ours must see them.
@@ -257,7 +239,7 @@ class Engine:
         if self.graphs is not None:
             span = min(self.max_len, -(-span // GRAPH_SPAN_BUCKET) * GRAPH_SPAN_BUCKET)
             return self.graphs.run(n, span)
-        if self.device.type == "cpu" and live_decode_pays(len(self.running), n, span):
+        if self.shared_prefix or self.device.type == "cpu" and live_decode_pays(len(self.running), n, span):
             return self._decode_live(n, span)
         return self._decode_into(n, span)
 
@@ -266,9 +248,15 @@ class Engine:
         through the model (on the CPU the matmuls cost in proportion to the rows; a GPU decodes all
         n at about the cost of one, in a fixed-shape CUDA graph). Returns (2, n) like `_decode_into`,
         zeros at the finished slots, which bookkeeping never reads. With overlap `running` may hold
-        slots that finished in the previous step: they decode once more, and stay not live."""
-        slots = upload(sorted(self.running), self.device)
-        hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
+        slots that finished in the previous step: they decode once more, and stay not live. The
+        shared-prefix decode (any device) takes this path too."""
+        if self.shared_prefix:
+            self.layout = layout_of(self.running, self.device, self.layout)
+            slots = self.layout.rows
+            hidden = self.fwd.decode(self.cache, self.next_token[slots], self.position[slots], span, prefix=self.layout)
+        else:
+            slots = upload(sorted(self.running), self.device)
+            hidden = self.decode_fn(self.cache, self.next_token[slots], self.position[slots], span, slots)
         tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         self.next_token[slots] = tok
         self.position[slots] = (self.position[slots] + 1).clamp(max=self.max_len - 1)

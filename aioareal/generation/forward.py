@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from .fusion import FusedLinear, fuse
+from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
@@ -178,12 +179,15 @@ class FastForward:
         return h[torch.arange(n, device=h.device), last]
 
     def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int,
-               slots: torch.Tensor | None = None) -> torch.Tensor:
+               slots: torch.Tensor | None = None, prefix: PrefixLayout | None = None) -> torch.Tensor:
         """One token for each of the first n slots, or for the n given `slots`: tokens (n,), pos (n,)
         -> hidden (n, hidden). Keys are read from positions [0, span); span bounds the attention
         work to the live context. With `slots` each layer gathers those rows of the cache, a copy
-        that is cheap next to the matmuls it saves only where contexts are short (the CPU path)."""
+        that is cheap next to the matmuls it saves only where contexts are short (the CPU path).
+        With `prefix` (its rows are the slots) each group's prompt keys are read once (prefix.py)."""
         n = tokens.shape[0]
+        if prefix is not None:
+            slots = prefix.rows
         rows = torch.arange(n, device=tokens.device) if slots is None else slots
         keys = torch.arange(span, device=tokens.device)
         mask = (keys[None, :] <= pos[:, None])[:, None, None, :]  # (n, 1, 1, span)
@@ -194,7 +198,9 @@ class FastForward:
             q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][rows, pos] = k[:, 0]
             cache.v[i][rows, pos] = v[:, 0]
-            if slots is None:
+            if prefix is not None:
+                attn = shared_prefix_attention(q[:, 0], cache.k[i], cache.v[i], pos, span, prefix)[:, None]
+            elif slots is None:
                 attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)
             else:
                 attn = self._attend(q, cache.k[i][slots, :span], cache.v[i][slots, :span], mask)
