@@ -116,19 +116,21 @@ def test_device_liveness_equals_host_running_set():
     _run(_engine(True), _requests(), check(False))
 
 
+def adopt_at_5(engine, step):
+    """`_run`'s per-step hook: new weights (really different ones) adopted after step 5."""
+    if step == 5:
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(9)
+            for p in engine.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+        engine.adopt(engine.version + 1)
+
+
 @pytest.mark.parametrize("recompute", [True, False])
 def test_mid_rollout_adopt_records_the_same_versions(recompute):
-    """New weights (really different ones) adopted after step 5: per-token versions, tokens and
-    logprobs are the plain engine's. Every group fits at once, so both engines admit at the same
-    steps and the adoption falls between the same two device steps of every sequence."""
-    def adopt_at_5(engine, step):
-        if step == 5:
-            with torch.no_grad():
-                gen = torch.Generator().manual_seed(9)
-                for p in engine.model.parameters():
-                    p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-            engine.adopt(engine.version + 1)
-
+    """New weights adopted after step 5: per-token versions, tokens and logprobs are the plain
+    engine's. Every group fits at once, so both engines admit at the same steps and the adoption
+    falls between the same two device steps of every sequence."""
     requests = _requests()[:4]  # 10 sequences, 10 slots
     plain, _ = _run(_engine(False, slots=10, recompute_kv=recompute), requests, adopt_at_5)
     overlapped, _ = _run(_engine(True, slots=10, recompute_kv=recompute), _requests()[:4], adopt_at_5)

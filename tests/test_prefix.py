@@ -88,14 +88,7 @@ def test_an_engine_with_shared_prefix_generates_what_the_plain_one_does(overlap)
 
 
 def test_shared_prefix_with_a_mid_rollout_adopt_and_recompute():
-    def adopt_at_5(engine, step):
-        if step == 5:
-            with torch.no_grad():
-                gen = torch.Generator().manual_seed(9)
-                for p in engine.model.parameters():
-                    p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-            engine.adopt(engine.version + 1)
-
+    adopt_at_5 = overlap_tests.adopt_at_5
     plain, _ = overlap_tests._run(overlap_tests._engine(False, slots=10), overlap_tests._requests()[:4], adopt_at_5)
     shared, _ = overlap_tests._run(overlap_tests._engine(False, slots=10, shared_prefix=True),
                                    overlap_tests._requests()[:4], adopt_at_5)
