@@ -12,7 +12,10 @@ import pytest
 from aioareal.config import load_config
 from aioareal.run import train
 
-STEPS = 200
+# From a warm start at 0.34 held-out (an AVX-512 machine; 0.495 on the AVX2 one before it), 200
+# steps raised the pass rate by 0.115-0.22 over seeds 0-2, too close to the bound; 300 steps by
+# 0.16-0.235, and the training reward by 0.18-0.21.
+STEPS = 300
 
 
 def run(tmp_path, name, flags=None, overrides=()):
@@ -37,8 +40,8 @@ def test_sync_grpo_raises_held_out_pass_rate(tmp_path, tiny_model_path):
     assert curve[-1] - curve[0] >= 0.15, curve
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     assert len(samples) == STEPS * 32 * 8 and all(s["staleness"] == 0 for s in samples)
-    # The training reward rises with the held-out pass rate (0.30 -> 0.55 over the first and last 25 steps
-    # when written), and every row reports the samples it trained on, generated one version earlier.
+    # The training reward rises with the held-out pass rate (0.16 -> 0.35-0.38 over the first and last
+    # 25 steps, seeds 0-2), and every row reports the samples it trained on, generated one version earlier.
     reward = [r["reward_mean"] for r in rows[1:]]
     assert fmean(reward[-25:]) - fmean(reward[:25]) >= 0.15, (fmean(reward[:25]), fmean(reward[-25:]))
     by_step = defaultdict(list)

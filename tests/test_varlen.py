@@ -100,7 +100,7 @@ def test_a_training_step_in_one_rows_equals_the_padded_one():
     losses = {}
     for varlen in ("false", "true"):
         config = load_config(overrides=["model.name=random:tiny", "algo.group_size=4", "model.gradient_checkpointing=true",
-                                        f"train.varlen={varlen}"])
+                                        f"train.varlen={varlen}", "train.prefix_tree=false"])
         device = torch.device("cpu")
         torch.manual_seed(0)
         models = build_models(config, config.model.name, None, device, device)

@@ -168,6 +168,9 @@ class TrainConfig:
                         "compiling takes minutes)", False)
     varlen: bool | Literal["auto"] = doc("where prompts are not shared, each micro-batch as one row attended per "
                                          "sequence (no padding FLOPs); auto = with CUDA's varlen kernel", "auto")
+    prefix_tree: bool | Literal["auto"] = doc("compute each distinct prefix of a micro-batch once, its sequences as a "
+                                              "trie (identical completions, shared prompts); auto = on the CPU, for "
+                                              "micro-batches where it computes at most 0.8x the positions", "auto")
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")

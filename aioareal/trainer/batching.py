@@ -7,12 +7,17 @@ needing padding-free attention kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from ..samples import Sample
+from .prefix_tree import WORTH_IT, PrefixTree, build_tree, tree_positions, tree_to
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to
+
+# train.prefix_tree as the packer takes it: never, where it computes few enough positions, always.
+TreeSetting = Literal[False, "auto", True]
 
 
 @dataclass
@@ -33,6 +38,7 @@ class MicroBatch:
     filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
     share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
     varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (varlen.py)
+    tree: PrefixTree | None = None  # the same rows with each distinct prefix computed once (prefix_tree.py)
 
     @property
     def padded_tokens(self) -> int:
@@ -87,26 +93,37 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def computed_positions(samples: list[Sample], budget: int, share: bool) -> int:
+def computed_positions(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False,
+                       varlen: bool = False) -> int:
     """Token positions the trainer's forward computes for these samples, padding included: per
     micro-batch of `plan`, rows x the longest row; with shared prompts, the distinct prompts x the
-    longest of them plus rows x the longest completion. A step's cost follows this, not the real
-    tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
+    longest of them plus rows x the longest completion; with varlen, the real tokens; with the
+    prefix tree, its rows x their longest, where `collate` would take it. A step's cost follows
+    this, not the real tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
     total = 0
     for idx in plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget):
         part = [samples[i] for i in idx]
-        if share:
-            prompts = {tuple(s.prompt_ids) for s in part}
-            total += len(prompts) * max(map(len, prompts)) + len(part) * max(len(s.tokens) for s in part)
-        else:
-            total += len(part) * max(len(s.prompt_ids) + len(s.tokens) for s in part)
+        other = _layout_positions(part, share, varlen)
+        nodes = tree_positions(part) if tree else other
+        total += nodes if tree is True or nodes <= WORTH_IT * other else other
     return total
 
 
+def _layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
+    """Positions of the layout the trainer takes when not the prefix tree (see `computed_positions`)."""
+    if share:
+        prompts = {tuple(s.prompt_ids) for s in samples}
+        return len(prompts) * max(map(len, prompts)) + len(samples) * max(len(s.tokens) for s in samples)
+    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
+    return sum(lengths) if varlen else len(samples) * max(lengths)
+
+
 def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
-            varlen: bool = False) -> MicroBatch:
-    """One micro-batch of these samples; with `share`, also in the shared-prompt layout, with
-    `varlen` in the one-row layout (at most one of them: the trainer computes from that one)."""
+            varlen: bool = False, tree: TreeSetting = False) -> MicroBatch:
+    """One micro-batch of these samples. Besides the padded tensors (which the loss reads), at most
+    one layout the trainer computes the log-probs from: the prefix tree (`tree`: always, or "auto"
+    where it computes at most WORTH_IT of the other layout's positions), else with `share` the
+    shared-prompt layout, else with `varlen` the one-row layout."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
     # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
@@ -124,14 +141,26 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
+    prefix_tree = _worthwhile_tree(samples, pad_id, tree, share, varlen)
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
                       completion_tokens=sum(len(s.tokens) for s in samples),
-                      share=share_to(build_share(samples, pad_id), device) if share else None,
-                      varlen=varlen_to(build_varlen(samples), device) if varlen and not share else None)
+                      share=share_to(build_share(samples, pad_id), device) if share and not prefix_tree else None,
+                      varlen=(varlen_to(build_varlen(samples), device) if varlen and not share and not prefix_tree
+                              else None),
+                      tree=tree_to(prefix_tree, device) if prefix_tree else None)
+
+
+def _worthwhile_tree(samples: list[Sample], pad_id: int, tree: TreeSetting, share: bool,
+                     varlen: bool) -> PrefixTree | None:
+    if not tree:
+        return None
+    built = build_tree(samples, pad_id)
+    other = _layout_positions(samples, share, varlen)
+    return built if tree is True or built.positions <= WORTH_IT * other else None
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
-         share: bool = False, varlen: bool = False) -> list[MicroBatch]:
+         share: bool = False, varlen: bool = False, tree: TreeSetting = False) -> list[MicroBatch]:
     lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    return [collate([samples[i] for i in idx], pad_id, device, share, varlen) for idx in plan(lengths, budget)]
+    return [collate([samples[i] for i in idx], pad_id, device, share, varlen, tree) for idx in plan(lengths, budget)]

@@ -37,5 +37,6 @@ def compile_layers(model: nn.Module, backend: str | Any = "inductor") -> int:
 
 
 def layers_compiled(model: nn.Module) -> bool:
-    """Whether `compile_layers` compiled this model's decoder layers."""
-    return any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in decoder_layers(model))
+    """Whether `compile_layers` compiled this model's decoder layers (any module's forward, so that
+    it answers for a sharded model too)."""
+    return any(hasattr(m.forward, "_torchdynamo_orig_callable") for m in model.modules())

@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from .fused_logprobs import fused_head_applies, fused_selected_logprobs
+from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
 from .varlen import VarlenRows
 
@@ -56,11 +57,18 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
                    chunk: int = 2048, share: PromptShare | None = None,
-                   varlen: VarlenRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   varlen: VarlenRows | None = None, tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions.
     Returns logp (b, L-1) and entropy (b, L-1), zero off the mask. With `share` (the same rows
     in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py);
-    with `varlen` (the same rows back to back in one row) no position is padding (trainer/varlen.py)."""
+    with `varlen` (the same rows back to back in one row) no position is padding (trainer/varlen.py);
+    with `tree` each distinct prefix is computed once (trainer/prefix_tree.py)."""
+    if tree is not None:
+        # One log-prob per distinct (prefix, token) pair, then one per completion token.
+        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, model.lm_head,
+                                                  temperature, chunk)
+        return _scatter(loss_mask, logp_pairs.index_select(0, tree.pair_index),
+                        ent_pairs.index_select(0, tree.pair_index))
     if varlen is not None:
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
@@ -79,12 +87,14 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     else:  # row-major over the targets, the same order as loss_mask's
         selected = shared_hidden(model, share)[share.target_mask]  # (n, H)
         targets = share.targets[share.target_mask]
-    logp_flat, ent_flat = selected_logprobs(selected, targets, model.lm_head, temperature, chunk)
+    return _scatter(loss_mask, *selected_logprobs(selected, targets, model.lm_head, temperature, chunk))
+
+
+def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor, ent_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n,) values in loss_mask's row-major order -> (b, L-1), zero off the mask."""
     logp = torch.zeros(loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)
     entropy = torch.zeros_like(logp, requires_grad=False)
-    logp = logp.masked_scatter(loss_mask, logp_flat)
-    entropy = entropy.masked_scatter(loss_mask, ent_flat)
-    return logp, entropy
+    return logp.masked_scatter(loss_mask, logp_flat), entropy.masked_scatter(loss_mask, ent_flat)
 
 
 class TokenLogprobs(torch.nn.Module):
@@ -100,5 +110,5 @@ class TokenLogprobs(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
                 temperature: float = 1.0, chunk: int = 2048, share: PromptShare | None = None,
-                varlen: VarlenRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share, varlen)
+                varlen: VarlenRows | None = None, tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share, varlen, tree)

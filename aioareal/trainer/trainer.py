@@ -22,6 +22,7 @@ from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
+from .prefix_tree import use_tree
 from .varlen import use_varlen
 from .logprobs import TokenLogprobs, token_logprobs
 from .optim import adamw_kind
@@ -97,6 +98,8 @@ class Trainer:
         self.share_prompts = collective.size == 1 and not checkpointed and not layers_compiled(model)
         # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
         self.varlen = not self.share_prompts and use_varlen(train.varlen, self.device, model)
+        # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
+        self.prefix_tree = use_tree(train.prefix_tree, self.device, model, layers_compiled(model))
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
@@ -112,9 +115,9 @@ class Trainer:
         with self._autocast():
             if model is self.model:  # through the module: FSDP2 gathers the shards in its hooks
                 return self.policy(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature,
-                                   self.logprob_chunk, mb.share, mb.varlen)
+                                   self.logprob_chunk, mb.share, mb.varlen, mb.tree)
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  self.temperature, self.logprob_chunk, mb.share, mb.varlen)
+                                  self.temperature, self.logprob_chunk, mb.share, mb.varlen, mb.tree)
 
     def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
         """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
@@ -125,7 +128,7 @@ class Trainer:
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
         budget = self.micro_batch_tokens
         packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device, self.share_prompts,
-                       self.varlen) for part in parts]
+                       self.varlen, self.prefix_tree) for part in parts]
         return self._even_out(packed)
 
     def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:

@@ -1,0 +1,208 @@
+"""A micro-batch's sequences as a prefix tree: every distinct prefix computed once.
+
+Causal attention makes a position's hidden state a function of its prefix alone, so two sequences
+that start alike compute the same states up to where they part. The shared-prompt layout
+(trainer/shared_prompts.py) uses this for a group's prompt; here it is used for every prefix: the
+G completions of a group often begin alike, or are identical (a policy that has learnt to answer
+a short question writes the same few tokens most of the time: on the offline default run about
+a third of a batch's completion positions are distinct), and several prompts may share a
+system prompt or a template. The micro-batch's distinct prefixes become the nodes of a trie; each
+node is one position of the model's input, attending to its ancestors and itself only, at its
+depth's position id. Log-probs are the padded path's up to float rounding, and so are the
+gradients: a node shared by k sequences receives the sum of their k gradients in the backward
+pass of the gathers below, which is what the padded layout's k copies add up to in the weights.
+
+Layout, all built on the host with the micro-batch (no device reads):
+  input_ids (r, T): each row's nodes, ancestors before descendants, right-padded. Whole sequences
+    go to a row, in sorted order so that sequences sharing a prefix sit together; a row holds at
+    most `row_len` nodes (more only for a single longer sequence), which bounds the (T, T) mask;
+  position_ids (r, T): a node's position in its sequences (its depth, from 0);
+  mask (r, 1, T, T) bool: a node attends to its ancestors and itself (padding to itself);
+  pair_node, pair_target (u,): each distinct (prefix, next token) pair the loss needs: the flat
+    index (row * T + node) of the prefix's last node and the token it predicts. Identical
+    completions give one pair per token, so the LM head and log-softmax also run once for them;
+  pair_index (n,): each completion token, in loss_mask's row-major order -> its pair.
+
+Where the shared-prompt or padded layout computes about as few positions, this one is not used
+(`worth_it`): its mask costs (T, T) per row, where the others are plain causal attention.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from typing import Literal
+
+import torch
+
+from ..errors import UserError
+from ..models.attention import ATTENTION
+from ..samples import Sample
+
+# Nodes per row: at most the CPU's short-attention key length (models/attention.py), so every row
+# attends by two small matmuls. A longer single sequence gets a row of its own length.
+ROW_LEN = 64
+# Use the tree where it computes at most this fraction of the other layout's positions: below
+# that the saved matmuls outweigh the per-row mask it adds (CPU, default run).
+WORTH_IT = 0.8
+
+
+@dataclass
+class PrefixTree:
+    input_ids: torch.Tensor  # (r, T) long
+    position_ids: torch.Tensor  # (r, T) long
+    mask: torch.Tensor  # (r, 1, T, T) bool: True attends
+    pair_node: torch.Tensor  # (u,) long: flat index into (r * T) of the node predicting each pair
+    pair_target: torch.Tensor  # (u,) long: the token each pair predicts
+    pair_index: torch.Tensor  # (n,) long: each completion token, in loss_mask's order -> its pair
+
+    @property
+    def positions(self) -> int:
+        """Token positions the model computes for this layout, padding included."""
+        return self.input_ids.numel()
+
+    def attention_masks(self) -> dict[str, torch.Tensor]:
+        """The model's mask mapping: transformers takes it as given and builds no causal mask."""
+        return {"full_attention": self.mask, "sliding_attention": self.mask}
+
+
+class _Row:
+    """One row's trie: node ids by (parent node, token), with each node's token, depth and parent."""
+
+    def __init__(self) -> None:
+        self.children: dict[tuple[int, int], int] = {}
+        self.tokens: list[int] = []
+        self.depths: list[int] = []
+        self.parents: list[int] = []
+
+    def known_depth(self, path: list[int]) -> int:
+        """How many leading tokens of `path` are already nodes of this row."""
+        node, depth = -1, 0
+        for token in path:
+            node = self.children.get((node, token), -2)
+            if node == -2:
+                break
+            depth += 1
+        return depth
+
+    def add(self, path: list[int]) -> list[int]:
+        """Insert `path`; returns the node of each of its prefixes (index d: the first d + 1 tokens)."""
+        nodes, node = [], -1
+        for depth, token in enumerate(path):
+            child = self.children.get((node, token))
+            if child is None:
+                child = self.children[(node, token)] = len(self.tokens)
+                self.tokens.append(token)
+                self.depths.append(depth)
+                self.parents.append(node)
+            nodes.append(child)
+            node = child
+        return nodes
+
+
+def plan_rows(samples: list[Sample], row_len: int = ROW_LEN) -> tuple[list[_Row], list[tuple[int, list[int]]]]:
+    """The rows' tries, and for each sample its row and the node of each prefix of its inputs."""
+    seqs = [s.prompt_ids + s.tokens for s in samples]
+    order = sorted(range(len(samples)), key=lambda i: seqs[i])  # shared prefixes side by side
+    rows: list[_Row] = []
+    paths: list[tuple[int, list[int]]] = [(0, [])] * len(samples)
+    for i in order:
+        path = seqs[i][:-1]  # a sequence's inputs: all its tokens but the last, which is only predicted
+        row = rows[-1] if rows else None
+        if row is None or (row.tokens and len(row.tokens) + len(path) - row.known_depth(path) > row_len):
+            row = _Row()
+            rows.append(row)
+        paths[i] = (len(rows) - 1, row.add(path))
+    return rows, paths
+
+
+def tree_positions(samples: list[Sample], row_len: int = ROW_LEN) -> int:
+    """Token positions the prefix-tree layout of these samples computes, padding included."""
+    rows, _ = plan_rows(samples, row_len)
+    return len(rows) * max(len(r.tokens) for r in rows)
+
+
+def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN) -> PrefixTree:
+    """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them)."""
+    rows, paths = plan_rows(samples, row_len)
+    width = max(len(r.tokens) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, row in enumerate(rows):
+        input_ids[r, :len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.long)
+        position_ids[r, :len(row.depths)] = torch.tensor(row.depths, dtype=torch.long)
+    seqs = [s.prompt_ids + s.tokens for s in samples]
+    return PrefixTree(input_ids, position_ids, _ancestor_mask(rows, width), *_pairs(samples, seqs, paths, width))
+
+
+def _ancestor_mask(rows: list[_Row], width: int) -> torch.Tensor:
+    """(r, 1, T, T) bool: each node's ancestors and itself; a padding position sees itself only."""
+    r_idx: list[int] = []
+    q_idx: list[int] = []
+    k_idx: list[int] = []
+    for r, row in enumerate(rows):
+        ancestors: list[list[int]] = []
+        for node, parent in enumerate(row.parents):  # parents come before their children
+            line = (ancestors[parent] if parent >= 0 else []) + [node]
+            ancestors.append(line)
+            r_idx.extend([r] * len(line))
+            q_idx.extend([node] * len(line))
+            k_idx.extend(line)
+        pad = range(len(row.tokens), width)
+        r_idx.extend([r] * len(pad))
+        q_idx.extend(pad)
+        k_idx.extend(pad)
+    mask = torch.zeros(len(rows), width, width, dtype=torch.bool)
+    mask[torch.tensor(r_idx), torch.tensor(q_idx), torch.tensor(k_idx)] = True
+    return mask[:, None]
+
+
+def _pairs(samples: list[Sample], seqs: list[list[int]], paths: list[tuple[int, list[int]]],
+           width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct (predicting node, target) pairs, and each completion token's pair, in loss_mask's
+    order (samples in order, each completion's tokens in order)."""
+    pairs: dict[tuple[int, int], int] = {}
+    nodes: list[int] = []
+    targets: list[int] = []
+    index: list[int] = []
+    for s, seq, (r, path) in zip(samples, seqs, paths):
+        first = len(s.prompt_ids) - 1  # the prompt's last token predicts the completion's first
+        for t in range(first, len(seq) - 1):
+            key = (r * width + path[t], seq[t + 1])
+            pair = pairs.get(key)
+            if pair is None:
+                pair = pairs[key] = len(nodes)
+                nodes.append(key[0])
+                targets.append(key[1])
+            index.append(pair)
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return as_long(nodes), as_long(targets), as_long(index)
+
+
+def tree_to(tree: PrefixTree, device: torch.device) -> PrefixTree:
+    put = dict(device=device, non_blocking=True)
+    return PrefixTree(*(getattr(tree, f).to(**put) for f in PrefixTree.__dataclass_fields__))
+
+
+def tree_hidden(model: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
+    """Hidden states of the nodes that predict each distinct pair: (u, H)."""
+    hidden = model.model(input_ids=tree.input_ids, attention_mask=tree.attention_masks(),
+                         position_ids=tree.position_ids, use_cache=False).last_hidden_state  # (r, T, H)
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, tree.pair_node)
+
+
+def use_tree(setting: bool | str, device: torch.device, model: torch.nn.Module,
+             compiled: bool) -> Literal[False, "auto", True]:
+    """train.prefix_tree (true, false or "auto") -> what the packer does: never, per micro-batch
+    where it pays ("auto"), or always. The tree's (T, T) masks need the project's attention
+    ("aioareal", which takes a given mask on every device). "auto" is on where it was measured to
+    pay (the CPU) and off for compiled layers, which would recompile for every new mask shape."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    if setting == "auto":
+        return "auto" if device.type == "cpu" and attention == ATTENTION == "aioareal" and not compiled else False
+    if setting and attention != "aioareal":
+        raise UserError(f"train.prefix_tree=true needs the model's attention implementation 'aioareal' (models load "
+                        f"with it on transformers >= 4.53), but it is {attention!r}; set train.prefix_tree=false")
+    if setting and compiled:
+        raise UserError("train.prefix_tree=true does not combine with train.compile=true (each micro-batch's tree "
+                        "mask has a new shape, a recompile); set one of them to false")
+    return True if setting else False
