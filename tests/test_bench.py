@@ -85,6 +85,16 @@ def test_train_reports_padding_and_memory(capsys, tmp_path):
     assert r["peak_tflops"] is None and r["packed_chunked_mfu"] is None  # CPU: no peak unless given
 
 
+def test_train_layouts_compares_padded_shared_and_tree_on_the_same_groups(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "train", "--layouts", "--samples", "32", "--group-size", "8", "--answers", "2",
+                  "--prompt-len", "6", "--mean-len", "4", "--max-len", "8", "--repeats", "1")
+    assert r["bench"] == "train_layouts" and (r["groups"], r["group_size"], r["answers"]) == (4, 8, 2)
+    # Two distinct completions per group of eight: the tree computes the fewest positions.
+    assert r["tree_positions"] < r["shared_positions"] < r["padded_positions"]
+    assert r["tree_vs_shared"] == pytest.approx(r["shared_s"] / r["tree_s"])
+    assert r["tree_vs_padded"] == pytest.approx(r["padded_s"] / r["tree_s"])
+
+
 def test_train_reports_mfu_and_weight_sync_cost(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "train", "--samples", "4", "--prompt-len", "4", "--mean-len", "8",
                   "--max-len", "16", "--budget", "128", "--chunk", "8", "--repeats", "2", "--peak-tflops", "0.5")
@@ -172,6 +182,7 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
     (["gen", "--model", "no-such-shape"], "error: --model no-such-shape: neither a shape"),
     (["gen", "--samples", "4", "--slots", "2"], "error: --slots 2 cannot hold one group of --samples 4"),
     (["gen", "--no-fuse", "--compare-fusion"], "error: --compare-fusion times the fused engine"),
+    (["train", "--layouts", "--answers", "-1"], "error: --group-size must be > 0 and --answers >= 0"),
 ])
 def test_bad_options_are_one_line_errors(capsys, args, expected):
     assert main(["bench", *args]) == 2

@@ -18,7 +18,8 @@ class FakeTrainer:
 
     def __init__(self) -> None:
         self.training = False
-        self.trainer = type("T", (), {"micro_batch_tokens": 1024, "share_prompts": False})()
+        self.trainer = type("T", (), {"micro_batch_tokens": 1024, "share_prompts": False, "prefix_tree": False,
+                                      "varlen": False})()
 
     async def train(self, groups: list) -> dict[str, float]:
         self.training = True

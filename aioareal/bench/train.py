@@ -8,7 +8,8 @@ each against its naive baseline, on the same model and the same synthetic sample
       padded (one big batch padded to its longest row), both with chunked log-probs.
 
 With `--lora-rank R` it compares LoRA against full fine-tuning instead (train_lora.py): tokens/s,
-trainer state memory and the weight sync's bytes per publish.
+trainer state memory and the weight sync's bytes per publish. With `--layouts` it compares the
+trainer's micro-batch layouts instead (train_layouts.py): padded, shared prompts, prefix tree.
 
 Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x tokens/s over the
 device's dense bf16 peak, looked up for H100/H200/A100 or given by --peak-tflops; on the CPU only
@@ -41,6 +42,7 @@ from . import sync_cost
 from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
                       pick_device, pick_dtype, ratio)
 from .roofline import mfu, non_embedding_params, peak_bf16_tflops
+from .train_layouts import run_layouts
 from .train_lora import run_lora
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
@@ -64,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="compile each decoder layer first, as train.compile does (the first pass, timed apart; "
                         "with --lora-rank both sides)")
+    p.add_argument("--layouts", action="store_true",
+                   help="compare the trainer's layouts (padded, shared prompts, prefix tree) instead, on groups "
+                        "whose completions repeat (--group-size, --answers)")
+    p.add_argument("--group-size", type=int, default=8, help="--layouts: samples per prompt (default 8)")
+    p.add_argument("--answers", type=int, default=0,
+                   help="--layouts: distinct completions per group, drawn with repetition (default 0: all distinct)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
                         "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
@@ -152,7 +160,7 @@ def logits_bytes(mbs: list[MicroBatch], vocab: int, chunk: int | None) -> int:
                for n in (mb.completion_tokens for mb in mbs))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def check_args(args: argparse.Namespace) -> None:
     for name in ("samples", "prompt_len", "max_len", "budget", "chunk", "repeats"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -160,6 +168,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"--lora-rank must be >= 0, got {args.lora_rank}")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
         raise UserError(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+    if args.group_size <= 0 or args.answers < 0:
+        raise UserError(f"--group-size must be > 0 and --answers >= 0, got {args.group_size} and {args.answers}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    check_args(args)
+    if args.layouts:
+        return run_layouts(args)
     if args.lora_rank:
         return run_lora(args, chunked_loss(args.chunk), lambda vocab: synthetic_samples(
             args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed))

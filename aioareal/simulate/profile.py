@@ -95,6 +95,8 @@ class TrainCost:
     # What `tokens` counts: "tokens", the real prompt + completion tokens (profiles derived from
     # published figures), or "positions", what the trainer computes (batching.computed_positions,
     # padding included) at this micro-batch `budget`, with or without shared prompts (`share`).
+    # The prefix tree (trainer/prefix_tree.py) is not modelled: simulated completions have lengths,
+    # not tokens, so what they share is unknown (the profile's random-token batches share none).
     unit: str = "tokens"
     budget: int = 0
     share: bool = False

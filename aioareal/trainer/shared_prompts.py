@@ -75,11 +75,14 @@ def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     width = share.input_ids.shape[1]
     if width == 0:  # every completion is one token long
         return last[:, None]
-    cache = out.past_key_values
+    # transformers 5.24 renamed the model's KV cache argument and output `past_key_values` -> `cache`
+    # (the old name still works there, with a deprecation warning per call).
+    cache_name = "cache" if hasattr(out, "cache") else "past_key_values"
+    cache = getattr(out, cache_name)
     cache.reorder_cache(share.row_prompt)  # (g, ...) -> (b, ...): index_select, in the autograd graph
     mask = torch.cat([share.prompt_mask[share.row_prompt], share.input_mask], dim=1)  # (b, P + C)
     steps = torch.arange(width, device=share.prompt_len.device)
     positions = share.prompt_len[:, None] + steps[None, :]  # (b, C): each row continues its own prompt
     rest = model.model(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
-                       past_key_values=cache, use_cache=True).last_hidden_state  # (b, C, H)
+                       use_cache=True, **{cache_name: cache}).last_hidden_state  # (b, C, H)
     return torch.cat([last[:, None], rest], dim=1)
