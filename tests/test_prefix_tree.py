@@ -154,6 +154,21 @@ def test_auto_takes_the_tree_only_where_it_computes_few_enough_positions():
     assert computed_positions(distinct, 10_000, share=True, tree="auto") == computed_positions(distinct, 10_000, True)
 
 
+def test_auto_builds_no_mask_for_a_tree_it_does_not_take(monkeypatch):
+    """Planning the rows is cheap; the (T, T) mask of long sequences is not (it held the GIL for
+    0.17 s a step in `bench e2e` before this was so)."""
+    import aioareal.trainer.prefix_tree as prefix_tree
+
+    def no_mask(*_):
+        raise AssertionError("built a mask for a tree that was not taken")
+
+    monkeypatch.setattr(prefix_tree, "_ancestor_mask", no_mask)
+    rng = random.Random(10)
+    prompt = [rng.randrange(3, 60) for _ in range(64)]
+    distinct = [sample(prompt, [rng.randrange(3, 60) for _ in range(64)]) for _ in range(16)]
+    assert collate(distinct, 0, CPU, share=True, tree="auto").tree is None
+
+
 def _groups(rng: random.Random) -> list[Group]:
     samples = groups_like_the_default_run(rng, 4, g=4)
     groups = []
@@ -196,3 +211,18 @@ def test_settings_auto_on_the_cpu_and_true_needs_the_project_attention():
     model.config._attn_implementation = "sdpa"
     with pytest.raises(UserError, match="train.prefix_tree"):
         use_tree(True, CPU, model, compiled=False)
+
+
+@pytest.mark.gpu
+def test_tree_on_cuda_in_bf16_matches_the_padded_path():
+    """On a GPU the tree's rows go through SDPA with the ancestor mask (no flash kernel)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda = torch.device("cuda")
+    model = random_model("tiny", torch.float32, cuda, seed=3)
+    samples = groups_like_the_default_run(random.Random(5), 8)
+    mb = collate(samples, 0, cuda, tree=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        padded = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)[0].float()
+        ours = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, tree=mb.tree)[0].float()
+    torch.testing.assert_close(ours, padded, atol=5e-2, rtol=2e-2)

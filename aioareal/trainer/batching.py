@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 
 from ..samples import Sample
-from .prefix_tree import WORTH_IT, PrefixTree, build_tree, tree_positions, tree_to
+from .prefix_tree import WORTH_IT, PrefixTree, tree_positions, tree_to, worthwhile_tree
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to
 
@@ -155,9 +155,7 @@ def _worthwhile_tree(samples: list[Sample], pad_id: int, tree: TreeSetting, shar
                      varlen: bool) -> PrefixTree | None:
     if not tree:
         return None
-    built = build_tree(samples, pad_id)
-    other = _layout_positions(samples, share, varlen)
-    return built if tree is True or built.positions <= WORTH_IT * other else None
+    return worthwhile_tree(samples, pad_id, _layout_positions(samples, share, varlen), always=tree is True)
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,

@@ -121,9 +121,11 @@ def tree_positions(samples: list[Sample], row_len: int = ROW_LEN) -> int:
     return len(rows) * max(len(r.tokens) for r in rows)
 
 
-def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN) -> PrefixTree:
-    """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them)."""
-    rows, paths = plan_rows(samples, row_len)
+def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN,
+               planned: tuple[list[_Row], list[tuple[int, list[int]]]] | None = None) -> PrefixTree:
+    """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them); `planned`:
+    their `plan_rows`, where the caller has it already."""
+    rows, paths = planned or plan_rows(samples, row_len)
     width = max(len(r.tokens) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -132,6 +134,18 @@ def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN) -> Pr
         position_ids[r, :len(row.depths)] = torch.tensor(row.depths, dtype=torch.long)
     seqs = [s.prompt_ids + s.tokens for s in samples]
     return PrefixTree(input_ids, position_ids, _ancestor_mask(rows, width), *_pairs(samples, seqs, paths, width))
+
+
+def worthwhile_tree(samples: list[Sample], pad_id: int, other_positions: int, always: bool = False,
+                    row_len: int = ROW_LEN) -> PrefixTree | None:
+    """The tree of these samples if it computes at most WORTH_IT x `other_positions` (or `always`),
+    else None. Its rows are planned first, and the tensors and mask built only if it is taken: for
+    long sequences the (T, T) mask is most of the cost, and there the tree is not taken anyway."""
+    planned = plan_rows(samples, row_len)
+    rows = planned[0]
+    if not always and len(rows) * max(len(r.tokens) for r in rows) > WORTH_IT * other_positions:
+        return None
+    return build_tree(samples, pad_id, row_len, planned)
 
 
 def _ancestor_mask(rows: list[_Row], width: int) -> torch.Tensor:
