@@ -142,9 +142,9 @@ def worthwhile_tree(samples: list[Sample], pad_id: int, other_positions: int, al
     else None. Its rows are planned first, and the tensors and mask built only if it is taken: for
     long sequences the (T, T) mask is most of the cost, and there the tree is not taken anyway."""
     planned = plan_rows(samples, row_len)
-    rows = planned[0]
-    if not always and len(rows) * max(len(r.tokens) for r in rows) > WORTH_IT * other_positions:
-        return None
+    nodes = len(planned[0]) * max(len(r.tokens) for r in planned[0])
+    if nodes == 0 or not always and nodes > WORTH_IT * other_positions:
+        return None  # (no input at all: one-token prompts with empty completions; the padded path copes)
     return build_tree(samples, pad_id, row_len, planned)
 
 
