@@ -18,7 +18,7 @@ from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate, computed_positions
 from aioareal.trainer.logprobs import token_logprobs
-from aioareal.trainer.prefix_tree import build_tree, plan_rows, tree_positions, use_tree
+from aioareal.trainer.prefix_tree import build_tree, plan_rows, use_tree, worthwhile_plan
 
 CPU = torch.device("cpu")
 
@@ -78,7 +78,7 @@ def test_property_every_prefix_is_one_node_and_every_target_points_at_its_prefix
         assert int(tree.pair_target[pair]) == seq[t + 1]
     pairs = list(zip(tree.pair_node.tolist(), tree.pair_target.tolist()))
     assert len(pairs) == len(set(pairs))  # identical (prefix, token) pairs share one log-prob
-    assert tree.positions == tree_positions(samples, row_len)
+    assert tree.positions == worthwhile_plan(samples, 0, always=True, row_len=row_len)[1]  # what the packer counts
 
 
 def test_identical_completions_are_computed_once():

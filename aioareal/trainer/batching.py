@@ -7,17 +7,13 @@ needing padding-free attention kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from ..samples import Sample
-from .prefix_tree import WORTH_IT, PrefixTree, tree_positions, tree_to, worthwhile_tree
+from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to
-
-# train.prefix_tree as the packer takes it: never, where it computes few enough positions, always.
-TreeSetting = Literal[False, "auto", True]
 
 
 @dataclass
@@ -104,8 +100,8 @@ def computed_positions(samples: list[Sample], budget: int, share: bool, tree: Tr
     for idx in plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget):
         part = [samples[i] for i in idx]
         other = _layout_positions(part, share, varlen)
-        nodes = tree_positions(part) if tree else other
-        total += nodes if tree is True or nodes <= WORTH_IT * other else other
+        taken = worthwhile_plan(part, other, always=tree is True) if tree else None
+        total += taken[1] if taken else other
     return total
 
 
@@ -141,7 +137,9 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
-    prefix_tree = _worthwhile_tree(samples, pad_id, tree, share, varlen)
+    other = _layout_positions(samples, share, varlen)
+    taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
+    prefix_tree = build_tree(samples, pad_id, planned=taken[0]) if taken else None
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
                       completion_tokens=sum(len(s.tokens) for s in samples),
@@ -149,13 +147,6 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                       varlen=(varlen_to(build_varlen(samples), device) if varlen and not share and not prefix_tree
                               else None),
                       tree=tree_to(prefix_tree, device) if prefix_tree else None)
-
-
-def _worthwhile_tree(samples: list[Sample], pad_id: int, tree: TreeSetting, share: bool,
-                     varlen: bool) -> PrefixTree | None:
-    if not tree:
-        return None
-    return worthwhile_tree(samples, pad_id, _layout_positions(samples, share, varlen), always=tree is True)
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,

@@ -24,12 +24,11 @@ Layout, all built on the host with the micro-batch (no device reads):
   pair_index (n,): each completion token, in loss_mask's row-major order -> its pair.
 
 Where the shared-prompt or padded layout computes about as few positions, this one is not used
-(`worth_it`): its mask costs (T, T) per row, where the others are plain causal attention.
+(`worthwhile_plan`): its mask costs (T, T) per row, where the others are plain causal attention.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Literal
 
 import torch
@@ -44,6 +43,9 @@ ROW_LEN = 64
 # Use the tree where it computes at most this fraction of the other layout's positions: below
 # that the saved matmuls outweigh the per-row mask it adds (CPU, default run).
 WORTH_IT = 0.8
+# train.prefix_tree as the packer takes it: never, where it computes few enough positions, always.
+TreeSetting = Literal[False, "auto", True]
+Plan = tuple[list["_Row"], list[tuple[int, list[int]]]]  # the rows, and each sample's (row, prefix nodes)
 
 
 @dataclass
@@ -99,7 +101,7 @@ class _Row:
         return nodes
 
 
-def plan_rows(samples: list[Sample], row_len: int = ROW_LEN) -> tuple[list[_Row], list[tuple[int, list[int]]]]:
+def plan_rows(samples: list[Sample], row_len: int = ROW_LEN) -> Plan:
     """The rows' tries, and for each sample its row and the node of each prefix of its inputs."""
     seqs = [s.prompt_ids + s.tokens for s in samples]
     order = sorted(range(len(samples)), key=lambda i: seqs[i])  # shared prefixes side by side
@@ -115,37 +117,34 @@ def plan_rows(samples: list[Sample], row_len: int = ROW_LEN) -> tuple[list[_Row]
     return rows, paths
 
 
-def tree_positions(samples: list[Sample], row_len: int = ROW_LEN) -> int:
-    """Token positions the prefix-tree layout of these samples computes, padding included."""
-    rows, _ = plan_rows(samples, row_len)
-    return len(rows) * max(len(r.tokens) for r in rows)
+def _width(rows: list[_Row]) -> int:
+    return max(len(r.tokens) for r in rows)
 
 
-def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN,
-               planned: tuple[list[_Row], list[tuple[int, list[int]]]] | None = None) -> PrefixTree:
+def worthwhile_plan(samples: list[Sample], other_positions: int, always: bool = False,
+                    row_len: int = ROW_LEN) -> tuple[Plan, int] | None:
+    """The planned rows of these samples and their positions, if the tree computes at most
+    WORTH_IT x `other_positions` (the layout it would replace), or `always`; else None. A plan
+    without a single input position (one-token prompts, empty completions) is never taken."""
+    planned = plan_rows(samples, row_len)
+    positions = len(planned[0]) * _width(planned[0])
+    if positions == 0 or not always and positions > WORTH_IT * other_positions:
+        return None
+    return planned, positions
+
+
+def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN, planned: Plan | None = None) -> PrefixTree:
     """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them); `planned`:
-    their `plan_rows`, where the caller has it already."""
+    their `plan_rows`, where the caller has it already (`worthwhile_plan`: the tensors and the
+    (T, T) mask, most of the cost for long sequences, are built only for a tree that is taken)."""
     rows, paths = planned or plan_rows(samples, row_len)
-    width = max(len(r.tokens) for r in rows)
+    width = _width(rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros(len(rows), width, dtype=torch.long)
     for r, row in enumerate(rows):
         input_ids[r, :len(row.tokens)] = torch.tensor(row.tokens, dtype=torch.long)
         position_ids[r, :len(row.depths)] = torch.tensor(row.depths, dtype=torch.long)
-    seqs = [s.prompt_ids + s.tokens for s in samples]
-    return PrefixTree(input_ids, position_ids, _ancestor_mask(rows, width), *_pairs(samples, seqs, paths, width))
-
-
-def worthwhile_tree(samples: list[Sample], pad_id: int, other_positions: int, always: bool = False,
-                    row_len: int = ROW_LEN) -> PrefixTree | None:
-    """The tree of these samples if it computes at most WORTH_IT x `other_positions` (or `always`),
-    else None. Its rows are planned first, and the tensors and mask built only if it is taken: for
-    long sequences the (T, T) mask is most of the cost, and there the tree is not taken anyway."""
-    planned = plan_rows(samples, row_len)
-    nodes = len(planned[0]) * max(len(r.tokens) for r in planned[0])
-    if nodes == 0 or not always and nodes > WORTH_IT * other_positions:
-        return None  # (no input at all: one-token prompts with empty completions; the padded path copes)
-    return build_tree(samples, pad_id, row_len, planned)
+    return PrefixTree(input_ids, position_ids, _ancestor_mask(rows, width), *_pairs(samples, paths, width))
 
 
 def _ancestor_mask(rows: list[_Row], width: int) -> torch.Tensor:
@@ -170,7 +169,7 @@ def _ancestor_mask(rows: list[_Row], width: int) -> torch.Tensor:
     return mask[:, None]
 
 
-def _pairs(samples: list[Sample], seqs: list[list[int]], paths: list[tuple[int, list[int]]],
+def _pairs(samples: list[Sample], paths: list[tuple[int, list[int]]],
            width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct (predicting node, target) pairs, and each completion token's pair, in loss_mask's
     order (samples in order, each completion's tokens in order)."""
@@ -178,7 +177,8 @@ def _pairs(samples: list[Sample], seqs: list[list[int]], paths: list[tuple[int, 
     nodes: list[int] = []
     targets: list[int] = []
     index: list[int] = []
-    for s, seq, (r, path) in zip(samples, seqs, paths):
+    for s, (r, path) in zip(samples, paths):
+        seq = s.prompt_ids + s.tokens
         first = len(s.prompt_ids) - 1  # the prompt's last token predicts the completion's first
         for t in range(first, len(seq) - 1):
             key = (r * width + path[t], seq[t + 1])
@@ -204,8 +204,7 @@ def tree_hidden(model: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, tree.pair_node)
 
 
-def use_tree(setting: bool | str, device: torch.device, model: torch.nn.Module,
-             compiled: bool) -> Literal[False, "auto", True]:
+def use_tree(setting: bool | str, device: torch.device, model: torch.nn.Module, compiled: bool) -> TreeSetting:
     """train.prefix_tree (true, false or "auto") -> what the packer does: never, per micro-batch
     where it pays ("auto"), or always. The tree's (T, T) masks need the project's attention
     ("aioareal", which takes a given mask on every device). "auto" is on where it was measured to

@@ -95,11 +95,12 @@ class Trainer:
         # Gradient checkpointing drops the prompts' KV cache the shared path needs.
         # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-        self.share_prompts = collective.size == 1 and not checkpointed and not layers_compiled(model)
+        compiled = layers_compiled(model)
+        self.share_prompts = collective.size == 1 and not checkpointed and not compiled
         # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
         self.varlen = not self.share_prompts and use_varlen(train.varlen, self.device, model)
         # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
-        self.prefix_tree = use_tree(train.prefix_tree, self.device, model, layers_compiled(model))
+        self.prefix_tree = use_tree(train.prefix_tree, self.device, model, compiled)
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
