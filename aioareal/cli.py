@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from .distributed.env import launched_by_torchrun
 from .errors import guarded
+
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
@@ -52,9 +53,9 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
-    from .distributed.session import session
-    from .resume import check_unchanged, resume, resume_config, resume_target
-    from .run import train
+    from .run.recipe import train
+    from .run.resume import check_unchanged, resume, resume_config, resume_target
+    from .run.session import session
 
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
@@ -77,7 +78,7 @@ def cmd_warmup(argv: list[str]) -> int:
     args = train_parser("python -m aioareal warmup").parse_intermixed_args(argv)
 
     def go() -> int:
-        from .warmup import ensure_tiny
+        from .run.warmup import ensure_tiny
 
         print(ensure_tiny(load(args)))
         return 0

@@ -6,7 +6,7 @@ one line and exits with code 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class UserError(Exception):

@@ -6,7 +6,7 @@ the whole stream, as before."""
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from .tasks.base import Example
 

@@ -1,10 +1,27 @@
-"""The records that flow from generator to trainer: samples and their groups."""
+"""The one record a group of samples travels in, from admission through the engine and the scorer
+to the trainer (DESIGN "Terms"):
+
+    orchestrator   Group(group_id, prompt_ids, size, example, admitted_version, admitted_at, cursor)
+    engine         fills `samples`: one Sample per completion, tokens + behaviour log-probs + versions
+    reward service sets each sample's `reward` (and the group's `reward_failures`)
+    trainer        sets each sample's `advantage`, trains on the group
+
+Evaluation and the benchmarks submit Groups too, with no example or with forced lengths."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .generation.sequence import Completion
 from .tasks.base import Example
+
+
+@dataclass(slots=True)
+class Completion:
+    """One sampled completion, with the behaviour logprob and policy version of every token."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str = ""  # "stop" (an EOS token) or "length" (max_new_tokens or context)
 
 
 @dataclass(slots=True)
@@ -35,21 +52,41 @@ class Sample:
 
 @dataclass
 class Group:
-    """The G samples of one prompt: the unit of admission and of advantage normalisation."""
+    """The G samples of one prompt: the unit of admission, prefill sharing and advantage normalisation."""
 
-    group_id: int  # admission order: batches are formed oldest-first by this id
-    example: Example
+    group_id: int  # admission order: batches are formed oldest-first by this id (unique per engine)
     prompt_ids: list[int]
-    admitted_version: int
-    admitted_at: float  # seconds since run start
+    size: int  # G: how many completions the engine samples
+    example: Example | None = None  # the task's row (None for benchmarks on synthetic prompts)
+    admitted_version: int = 0
+    admitted_at: float = 0.0  # seconds since run start
     cursor: int = -1  # position of its prompt in the training source (resume restarts from the oldest)
-    samples: list[Sample] = field(default_factory=list)
+    # Per-sample length caps with end-of-sequence tokens ignored: benchmarks on random weights use
+    # these to impose a realistic (long-tailed) length distribution.
+    forced_lengths: list[int] | None = None
+    samples: list[Sample] = field(default_factory=list)  # filled by the engine as it admits the group
     finished_at: float = 0.0
     reward_failures: int = 0  # verifier calls that raised, hung or returned garbage (scored 0)
+
+    def start_samples(self) -> list[Sample]:
+        """The engine's start on the group: one empty completion per sample."""
+        self.samples = [Sample(self.prompt_ids, Completion()) for _ in range(self.size)]
+        return self.samples
+
+    @property
+    def completions(self) -> list[Completion]:
+        return [s.completion for s in self.samples]
 
     @property
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
+
+    def set_rewards(self, rewards: list[float], failures: int = 0) -> None:
+        if len(rewards) != len(self.samples):
+            raise ValueError(f"group {self.group_id}: {len(rewards)} rewards for {len(self.samples)} samples")
+        for sample, reward in zip(self.samples, rewards):
+            sample.reward = reward
+        self.reward_failures = failures
 
     def staleness(self, trained_version: int) -> int:
         return max(s.staleness(trained_version) for s in self.samples)

@@ -29,6 +29,6 @@ def _torch_threads():
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     from aioareal.config import load_config
-    from aioareal.warmup import ensure_tiny
+    from aioareal.run.warmup import ensure_tiny
 
     return ensure_tiny(load_config(), log=lambda *_: None)

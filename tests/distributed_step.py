@@ -18,15 +18,14 @@ import sys
 
 import torch
 
-from aioareal.build import build_models, build_trainer
 from aioareal.config import load_config
 from aioareal.distributed import world as worlds
 from aioareal.distributed.sharding import full_tensor
-from aioareal.generation import Completion
-from aioareal.samples import Group, Sample
+from aioareal.run.build import build_models, build_trainer
+from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import logprobs, train_step
-from aioareal.weightsync import WeightSync
+from aioareal.weightsync.full import WeightSync
 
 # Small micro-batches so the ranks pack different numbers of them (fillers), clipping that bites,
 # the decoupled objective's extra forward pass, and a KL reference.
@@ -44,7 +43,7 @@ def global_batch(groups: int = 4, size: int = 4) -> list[Group]:
             tokens = [rng.randrange(3, 60) for _ in range(rng.randrange(1, 3 + 5 * g))]
             completion = Completion(tokens, [-3 * rng.random() for _ in tokens], [0] * len(tokens), "stop")
             samples.append(Sample(prompt, completion, float(rng.random() < 0.5)))
-        batch.append(Group(g, Example(str(g), "", ""), prompt, 0, 0.0, samples=samples))
+        batch.append(Group(g, prompt, len(samples), Example(str(g), "", ""), samples=samples))
     return batch
 
 

@@ -73,8 +73,7 @@ def test_long_keys_and_other_devices_take_transformers_sdpa(monkeypatch):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_models_load_with_it_and_log_probs_match_sdpa(shared):
-    from aioareal.generation import Completion
-    from aioareal.samples import Sample
+    from aioareal.samples import Completion, Sample
     from aioareal.trainer.batching import pack
 
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=3)

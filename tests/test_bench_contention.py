@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from aioareal.bench import measure
-from aioareal.virtualclock import run_virtual
+from aioareal.simulate.virtualclock import run_virtual
 
 DECODE, PREFILL, TRAIN = 1.0, 7.0, 40.0  # virtual seconds: a decode step, a prompt's prefill, a train step
 
@@ -37,7 +37,7 @@ class FakeGenerator:
         self.free, self.waiting, self.running = slots, [], []  # running: steps left per sequence
 
     def free_slots(self) -> int:
-        return self.free - sum(r.n for r in self.waiting)
+        return self.free - sum(g.size for g in self.waiting)
 
     def submit(self, request) -> None:
         self.waiting.append(request)
@@ -50,8 +50,8 @@ class FakeGenerator:
         await asyncio.sleep(0)  # as a thread hand-off would: a train step created just before starts first
         cost = DECODE + PREFILL * len(self.waiting)
         for request in self.waiting:
-            self.free -= request.n
-            self.running += list(request.lengths)
+            self.free -= request.size
+            self.running += list(request.forced_lengths)
         self.waiting = []
         await asyncio.sleep(cost * (self.slowdown if self.trainer.training else 1.0))
         left = [n - 1 for n in self.running]

@@ -13,11 +13,16 @@ import pytest
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, DataError, UserError
-from aioareal.rewards import RewardService
+from aioareal.rewards.service import RewardService
 from aioareal.tasks import ArithmeticTask, build_scorer, build_task
 from aioareal.tasks.base import Example, Task
-from aioareal.tasks.reward_functions import (RewardedTask, RewardFunctionError, WeightedRewards, batch_columns,
-                                             load_reward_functions)
+from aioareal.tasks.reward_functions import (
+    RewardedTask,
+    RewardFunctionError,
+    WeightedRewards,
+    batch_columns,
+    load_reward_functions,
+)
 
 EXACT = """\
 def exact(completions, answer, **kwargs):
@@ -362,7 +367,7 @@ def test_evaluation_failure_scores_zero_and_counts(tmp_path: Path, module) -> No
 
 def test_wiring_runs_end_to_end(tmp_path: Path, module) -> None:
     """The whole run path on a random-weight model: a few steps, reward functions in training and eval."""
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     name = module(EXACT)
     config = file_config(tmp_path, "model.name=random:tiny", f"reward.functions={name}:exact",
@@ -378,7 +383,7 @@ def test_wiring_runs_end_to_end(tmp_path: Path, module) -> None:
 @pytest.mark.slow
 def test_tiny_model_learns_a_task_from_outside_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            tiny_model_path: Path) -> None:
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from aioareal.dashboard import TICKS, Dashboard, plain_line, render, sparkline, wants_dashboard
-from aioareal.live import Snapshot
+from aioareal.monitor.dashboard import TICKS, Dashboard, plain_line, render, sparkline, wants_dashboard
+from aioareal.monitor.live import Snapshot
 
 
 def make_snapshot(**overrides) -> Snapshot:

@@ -7,7 +7,7 @@ import torch
 
 from aioareal.config import load_config
 from aioareal.devices import cpu_threads
-from aioareal.run import train
+from aioareal.run.recipe import train
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 

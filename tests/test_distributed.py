@@ -11,12 +11,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import distributed_step
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
 
-import distributed_step
 from aioareal.distributed.world import World
 from aioareal.models import random_model
 from aioareal.trainer import logprobs

@@ -15,20 +15,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from aioareal.checkpoint import RunState
+from aioareal.checkpoint.safe_reader import check_shards, read_metadata
+from aioareal.checkpoint.safeload import UnsafeFile
+from aioareal.checkpoint.sharded import rank_state
 from aioareal.config import load_config
-from aioareal.distributed.cell import cell_config
-from aioareal.distributed.dcp import rank_state
-from aioareal.distributed.hooks import RankHooks
-from aioareal.distributed.merge import merge_rows, merge_samples
-from aioareal.distributed.safe_dcp import check_shards, read_metadata
-from aioareal.distributed.session import session
 from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
 from aioareal.orchestrator import StepReport
 from aioareal.prompts import PromptSource
-from aioareal.resume import resume_target
-from aioareal.run import train
-from aioareal.safeload import UnsafeFile
+from aioareal.run.cell import cell_config
+from aioareal.run.merge import merge_rows, merge_samples
+from aioareal.run.rank_hooks import RankHooks
+from aioareal.run.recipe import train
+from aioareal.run.resume import resume_target
+from aioareal.run.session import session
 from aioareal.tasks.base import Example
 
 TWO = World(rank=0, size=2, control=object())  # a stand-in: only the rank and size are read

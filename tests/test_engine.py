@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.sampling import sample
 from aioareal.models import random_model
+from aioareal.samples import Group
 
 
 def _model():
@@ -16,7 +17,7 @@ def _requests(n_groups, g, seed=0):
     gen = torch.Generator().manual_seed(seed)
     for gid in range(n_groups):
         length = int(torch.randint(2, 14, (1,), generator=gen))
-        yield GroupRequest(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), n=g)
+        yield Group(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), size=g)
 
 
 def _run(engine, requests, adopt_at=None):
@@ -45,13 +46,13 @@ def test_logprobs_match_full_forward(adopt_at, recompute):
     # Fewer slots than sequences: slots are freed and refilled mid-run (continuous batching).
     engine = Engine(model, eos_ids=[1], num_slots=10, max_len=40, params=params, seed=1, recompute_kv=recompute)
     results = _run(engine, list(_requests(7, 3)), adopt_at)
-    assert sorted(r.request.group_id for r in results) == list(range(7))
+    assert sorted(r.group_id for r in results) == list(range(7))
     for r in results:
         assert len(r.completions) == 3
         for c in r.completions:
             assert 1 <= len(c.tokens) <= 16 and len(c.logprobs) == len(c.tokens) == len(c.versions)
             assert c.finish_reason == ("stop" if c.tokens[-1] == 1 else "length")
-            ref = _reference_logprobs(model, r.request.prompt_ids, c.tokens, params.temperature)
+            ref = _reference_logprobs(model, r.prompt_ids, c.tokens, params.temperature)
             torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
     versions = {v for r in results for c in r.completions for v in c.versions}
     assert versions == ({0} if adopt_at is None else {0, 1})
@@ -72,7 +73,7 @@ def test_greedy_matches_argmax_of_full_forward():
                     params=SamplingParams(greedy=True, max_new_tokens=8))
     results = _run(engine, list(_requests(4, 1)))
     for r in results:
-        ids = list(r.request.prompt_ids)
+        ids = list(r.prompt_ids)
         for token in r.completions[0].tokens:
             with torch.no_grad():
                 expected = int(model(torch.tensor([ids])).logits[0, -1].argmax())
@@ -102,13 +103,13 @@ def test_sampling_distribution_and_top_p():
 def test_rejects_prompt_longer_than_context():
     engine = Engine(_model(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="exceeds the engine context"):
-        engine.submit(GroupRequest(0, list(range(4, 10)), n=1))
+        engine.submit(Group(0, list(range(4, 10)), size=1))
 
 
 def test_forced_lengths_ignore_eos():
     engine = Engine(_model(), eos_ids=list(range(128)), num_slots=6, max_len=40,
                     params=SamplingParams(max_new_tokens=12), seed=0)
-    engine.submit(GroupRequest(0, [5, 6, 7], n=3, lengths=[1, 5, 30]))
+    engine.submit(Group(0, [5, 6, 7], size=3, forced_lengths=[1, 5, 30]))
     results = _run(engine, [])
     assert [len(c.tokens) for c in results[0].completions] == [1, 5, 12]  # capped by max_new_tokens
 
@@ -117,7 +118,7 @@ def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
     """Finished slots drop out of the CPU's decode (engine._decode_live); greedy tokens and their
     logprobs equal those of decoding every slot."""
     params = SamplingParams(max_new_tokens=12, greedy=True)
-    requests = [GroupRequest(0, [5, 6, 7], n=4, lengths=[1, 3, 7, 12]), GroupRequest(1, [9, 8], n=4, lengths=[2, 12, 5, 4])]
+    requests = [Group(0, [5, 6, 7], size=4, forced_lengths=[1, 3, 7, 12]), Group(1, [9, 8], size=4, forced_lengths=[2, 12, 5, 4])]
 
     def run(live: bool):
         engine = Engine(_model(), eos_ids=[1], num_slots=8, max_len=32, params=params)
@@ -126,7 +127,7 @@ def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
             monkeypatch.setattr(engine, "_decode_live", lambda n, span: calls.append(n) or Engine._decode_live(engine, n, span))
         else:
             monkeypatch.setattr(engine, "_decode_live", lambda n, span: engine._decode_into(n, span))
-        return {(r.request.group_id, i): c for r in _run(engine, requests) for i, c in enumerate(r.completions)}, calls
+        return {(r.group_id, i): c for r in _run(engine, requests) for i, c in enumerate(r.completions)}, calls
 
     live, calls = run(True)
     every, _ = run(False)

@@ -4,12 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.forward import FastForward
 from aioareal.generation.fusion import fuse, shares_storage
 from aioareal.generation.upload import upload_padded
 from aioareal.models import random_model
-from aioareal.weightsync import WeightSync
+from aioareal.samples import Group
+from aioareal.weightsync.full import WeightSync
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 9, 17, 3, 40, 8, 2], [11, 4, 60], [7, 7, 21, 90, 13]]
@@ -91,11 +92,11 @@ def _engine_run(fuse: bool) -> list:
     engine = Engine(_model(), eos_ids=[1], num_slots=4, max_len=32,
                     params=SamplingParams(temperature=0.9, max_new_tokens=10), seed=2, fuse=fuse)
     for gid, prompt in enumerate(PROMPTS):
-        engine.submit(GroupRequest(gid, prompt, n=2))
+        engine.submit(Group(gid, prompt, size=2))
     out = []
     while engine.busy:
         out += engine.step()
-    return [c for r in sorted(out, key=lambda r: r.request.group_id) for c in r.completions]
+    return [c for r in sorted(out, key=lambda r: r.group_id) for c in r.completions]
 
 
 def test_engine_samples_the_same_with_and_without_fusion():
@@ -124,7 +125,7 @@ def test_unsafe_projections_are_left_alone(case):
 
 
 def test_evaluation_engine_leaves_the_trainers_model_unfused():
-    from aioareal.evaluation import EvalSet, evaluate
+    from aioareal.run.evaluation import EvalSet, evaluate
 
     model = _model()
     pointers = [p.data_ptr() for p in model.parameters()]

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from aioareal.config import load_config
-from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.engine import resolve_overlap
 from aioareal.models import random_model
-from aioareal.run import train
+from aioareal.run.recipe import train
+from aioareal.samples import Group
 
 EOS = [3, 5, 52]
 
@@ -34,8 +35,8 @@ def _requests():
     out = []
     for gid, n in enumerate(sizes):
         length = int(torch.randint(2, 14, (1,), generator=gen))
-        out.append(GroupRequest(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), n=n,
-                                lengths=forced.get(gid)))
+        out.append(Group(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), size=n,
+                         forced_lengths=forced.get(gid)))
     return out
 
 
@@ -55,9 +56,9 @@ def _run(engine, requests, each_step=None):
         steps += 1
         if each_step is not None:
             each_step(engine, steps)
-    order = [r.request.group_id for r in results]
+    order = [r.group_id for r in results]
     assert sorted(order) == sorted(r.group_id for r in requests)  # every group, exactly once
-    return {r.request.group_id: r.completions for r in results}, order
+    return {r.group_id: r.completions for r in results}, order
 
 
 def _assert_same(a, b):
@@ -94,7 +95,7 @@ def test_overlap_admits_into_freed_slots_one_step_later():
     for overlap in (False, True):
         engine = _engine(overlap, slots=3)
         count = []
-        _run(engine, [GroupRequest(i, [7, 8, 9], n=3, lengths=[4, 4, 4]) for i in range(3)],
+        _run(engine, [Group(i, [7, 8, 9], size=3, forced_lengths=[4, 4, 4]) for i in range(3)],
              lambda e, s: count.append(s))
         steps[overlap] = count[-1]
     # Plain: per group, a step of prefill + decode (2 tokens), then 2 decode steps: 9 steps.
@@ -146,12 +147,12 @@ def test_sampled_overlap_finishes_every_group_with_full_forward_logprobs():
     for gid, completions in done.items():
         request = _requests()[gid]
         for i, c in enumerate(completions):
-            limit = 16 if request.lengths is None else min(16, request.lengths[i])
+            limit = 16 if request.forced_lengths is None else min(16, request.forced_lengths[i])
             assert 1 <= len(c.tokens) <= limit and len(c.logprobs) == len(c.tokens) == len(c.versions)
-            ended_on_eos = request.lengths is None and c.tokens[-1] in EOS
+            ended_on_eos = request.forced_lengths is None and c.tokens[-1] in EOS
             assert c.finish_reason == ("stop" if ended_on_eos else "length")
             assert ended_on_eos or len(c.tokens) == limit
-            assert request.lengths is not None or not set(c.tokens[:-1]) & set(EOS)
+            assert request.forced_lengths is not None or not set(c.tokens[:-1]) & set(EOS)
             ids = torch.tensor([request.prompt_ids + c.tokens])
             with torch.no_grad():
                 logp = torch.log_softmax(model(ids).logits[0].float(), -1)

@@ -78,8 +78,8 @@ def test_the_config_switch():
 
 
 def test_the_engine_samples_with_the_fused_sampler_when_asked():
-    from aioareal.build import build_engine
     from aioareal.models import random_model
+    from aioareal.run.build import build_engine
 
     config = load_config(overrides=["generation.fused_sampler=true"])
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)

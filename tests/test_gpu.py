@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-from aioareal.generation import Engine, GroupRequest, SamplingParams
+from aioareal.generation import Engine, SamplingParams
 from aioareal.models import random_model
-from aioareal.weightsync import WeightSync
+from aioareal.samples import Group
+from aioareal.weightsync.full import WeightSync
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
@@ -24,11 +25,11 @@ def _engine(model, graphs, seed=0, slots=16, compile=False):
 def _generate(engine, groups=4, g=4):
     gen = torch.Generator().manual_seed(1)
     for gid in range(groups):
-        engine.submit(GroupRequest(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), n=g))
+        engine.submit(Group(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), size=g))
     out = []
     while engine.busy:
         out += engine.step()
-    return sorted(out, key=lambda r: r.request.group_id)
+    return sorted(out, key=lambda r: r.group_id)
 
 
 # In bf16 the engine's logprobs differ from an HF forward's by about 0.0010-0.0015 on average (the
@@ -42,10 +43,10 @@ def _check_against_hf(model, results, tol, mean_tol=None):
     errors = []
     for r in results:
         for c in r.completions:
-            ids = torch.tensor([r.request.prompt_ids + c.tokens], device=CUDA)
+            ids = torch.tensor([r.prompt_ids + c.tokens], device=CUDA)
             with torch.no_grad():
                 logp = torch.log_softmax(model(ids).logits[0].float(), -1)
-            ref = logp[len(r.request.prompt_ids) - 1:-1].gather(-1, ids[0, len(r.request.prompt_ids):, None])
+            ref = logp[len(r.prompt_ids) - 1:-1].gather(-1, ids[0, len(r.prompt_ids):, None])
             torch.testing.assert_close(torch.tensor(c.logprobs), ref.squeeze(-1).cpu(), atol=tol, rtol=tol)
             errors.append((torch.tensor(c.logprobs) - ref.squeeze(-1).cpu()).abs())
     mean = torch.cat(errors).mean().item()
@@ -85,11 +86,11 @@ def test_graph_capture_does_not_shift_the_sampled_tokens():
         engine, gen = _engine(model, graphs=graphs, seed=5), torch.Generator().manual_seed(1)
         for gid in range(4):
             prompt = torch.randint(4, 100, (12,), generator=gen).tolist()
-            engine.submit(GroupRequest(gid, prompt, n=4, lengths=[30] * 4))
+            engine.submit(Group(gid, prompt, size=4, forced_lengths=[30] * 4))
         out = []
         while engine.busy:
             out += engine.step()
-        runs.append([c.tokens for r in sorted(out, key=lambda r: r.request.group_id) for c in r.completions])
+        runs.append([c.tokens for r in sorted(out, key=lambda r: r.group_id) for c in r.completions])
     assert runs[0] == runs[1]
 
 
@@ -150,7 +151,7 @@ def test_uploads_do_not_wait_for_the_stream():
 
 def test_bf16_training_step_and_async_run(tmp_path):
     from aioareal.config import load_config
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     config = load_config(overrides=["model.name=random:tiny", "train.steps=4", "algo.batch_groups=4", "eval.every=2",
                                     "data.eval_size=16", "rollout.mode=async",

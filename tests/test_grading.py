@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from aioareal.rewards_pool import Deferred
+from aioareal.bench.grading_cases import CASES
+from aioareal.rewards.pool import Deferred
 from aioareal.tasks.answers import find_answer
-from aioareal.tasks.grading_cases import CASES
 from aioareal.tasks.gsm8k import gsm8k_reward
 from aioareal.tasks.numbers import NumberTooLong, read_span
 from aioareal.tasks.verify import grade, grade_batch, grade_now

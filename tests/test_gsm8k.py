@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aioareal.errors import DataError, UserError
-from aioareal.rewards_pool import shared_pool
+from aioareal.rewards.pool import shared_pool
 from aioareal.tasks import verify as verify_mod
 from aioareal.tasks.answers import extract_answer, normalize_number
 from aioareal.tasks.base import Example, Task

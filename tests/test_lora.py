@@ -11,15 +11,17 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from aioareal import lora  # noqa: E402
 from aioareal.config import AlgoConfig, TrainConfig, load_config  # noqa: E402
 from aioareal.errors import UserError  # noqa: E402
-from aioareal.generation import Completion, Engine, GroupRequest, SamplingParams  # noqa: E402
-from aioareal.lorasync import LoraSync  # noqa: E402
-from aioareal.models import random_model  # noqa: E402
-from aioareal.samples import Group, Sample  # noqa: E402
+from aioareal.generation import Engine, SamplingParams
+from aioareal.models import (
+    lora,  # noqa: E402
+    random_model,  # noqa: E402
+)
+from aioareal.samples import Completion, Group, Sample  # noqa: E402  # noqa: E402
 from aioareal.trainer import Trainer, train_step  # noqa: E402
-from aioareal.weightsync import WeightSync  # noqa: E402
+from aioareal.weightsync.full import WeightSync  # noqa: E402
+from aioareal.weightsync.lora import LoraSync  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -59,17 +61,17 @@ def test_engine_logprobs_after_a_merge_equal_the_peft_forward():
     engine = Engine(gen_model, eos_ids=[1], num_slots=8, max_len=32,
                     params=SamplingParams(temperature=1.0, max_new_tokens=10), seed=2)
     for gid in range(3):
-        engine.submit(GroupRequest(gid, list(range(5 + gid, 12 + 2 * gid)), n=2))
+        engine.submit(Group(gid, list(range(5 + gid, 12 + 2 * gid)), size=2))
     results = []
     while engine.busy:
         results += engine.step()
     peft_model.eval()
     for r in results:
         for c in r.completions:
-            expected = _logprobs(lambda ids: peft_model(input_ids=ids).logits, r.request.prompt_ids, c.tokens)
+            expected = _logprobs(lambda ids: peft_model(input_ids=ids).logits, r.prompt_ids, c.tokens)
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=1e-4)
     # Without the merge the base's log-probs differ: the comparison above can fail.
-    base_lp = _logprobs(lambda ids: _base()(input_ids=ids).logits, results[0].request.prompt_ids,
+    base_lp = _logprobs(lambda ids: _base()(input_ids=ids).logits, results[0].prompt_ids,
                         results[0].completions[0].tokens)
     assert not torch.allclose(torch.tensor(results[0].completions[0].logprobs), base_lp, atol=1e-3)
 
@@ -106,7 +108,7 @@ def _groups(n: int, g: int, seed: int) -> list[Group]:
     groups = []
     for gid in range(n):
         prompt = torch.randint(4, 100, (6,), generator=rng).tolist()
-        group = Group(gid, None, prompt, admitted_version=0, admitted_at=0.0)
+        group = Group(gid, prompt, g)
         for k in range(g):
             tokens = torch.randint(4, 100, (5,), generator=rng).tolist()
             group.samples.append(Sample(prompt, Completion(tokens, [-4.0] * 5, [0] * 5), reward=float(k % 2)))
@@ -148,8 +150,8 @@ REWARD = "def odd(completions, **columns):\n    return [float(len(c) % 2) for c 
 
 
 def _train(run_dir, steps: int, reward: str, resume: bool = False) -> list[dict]:
-    from aioareal.resume import resume as resume_run
-    from aioareal.run import train
+    from aioareal.run.recipe import train
+    from aioareal.run.resume import resume as resume_run
 
     quiet = dict(log=lambda *_: None, printer=lambda row: None)
     if resume:
@@ -196,7 +198,7 @@ def test_checkpoint_holds_a_peft_adapter_and_the_merged_policy(runs):
 
 
 def test_resuming_a_full_fine_tuning_checkpoint_with_lora_is_refused(tmp_path):
-    from aioareal.build import build_models
+    from aioareal.run.build import build_models
 
     ckpt = tmp_path / "step-000002"
     (ckpt / "policy").mkdir(parents=True)
@@ -207,7 +209,7 @@ def test_resuming_a_full_fine_tuning_checkpoint_with_lora_is_refused(tmp_path):
 
 def test_lora_run_keeps_base_and_generator_apart_from_adapters():
     """The trainer's copy of the base is frozen; the generator never holds peft modules."""
-    from aioareal.build import build_models
+    from aioareal.run.build import build_models
 
     config = load_config(overrides=["model.lora_rank=4", "algo.kl_coef=0.1"])
     models = build_models(config, "random:tiny", None, CPU, CPU)
@@ -221,7 +223,7 @@ def test_lora_run_keeps_base_and_generator_apart_from_adapters():
 def test_a_lora_run_raises_held_out_pass_rate(tmp_path, tiny_model_path):
     """The warm-started tiny model with rank-16 adapters on every projection (a sixth of its
     parameters): 0.495 -> 0.845 in 200 steps when written (lr 5e-4; 1e-3 reached 0.80, 2e-3 0.62)."""
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     run_dir = tmp_path / "lora"
     config = load_config(overrides=["train.steps=200", "eval.every=50", "model.lora_rank=16", "model.lora_alpha=32",

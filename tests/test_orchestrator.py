@@ -11,14 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioareal.checkpoint import RunState
-from aioareal.generation import Completion
 from aioareal.orchestrator import Orchestrator, Schedule
 from aioareal.orchestrator.admission import Admission, OldestFirstBuffer
-from aioareal.orchestrator.simulated import SimulatedGenerator, SimulatedTrainer, gsm8k_like_length
 from aioareal.prompts import PromptSource
-from aioareal.samples import Group, Sample
+from aioareal.samples import Completion, Group, Sample
+from aioareal.simulate.modelled import SimulatedGenerator, SimulatedTrainer, gsm8k_like_length
+from aioareal.simulate.virtualclock import run_virtual
 from aioareal.tasks.base import Example
-from aioareal.virtualclock import run_virtual
 
 
 class Recorder:
@@ -44,9 +43,9 @@ def simulate(mode="async", k=2, b=4, g=4, steps=20, slots=None, train_time=1.0, 
     prompts = PromptSource([Example(str(i), f"q{i}", "a") for i in range(50)], lambda e: [1, 2], seed=seed)
     reward_rng = random.Random(seed)
 
-    async def score(group, completions):
+    async def score(group):
         await asyncio.sleep(0.005)
-        return [float(reward_rng.random() < 0.5) for _ in completions], 0
+        return [float(reward_rng.random() < 0.5) for _ in group.samples], 0
 
     rec = Recorder()
     o = Orchestrator(Schedule(mode, k, b, g, steps, drop_constant_groups=reject_constant),
@@ -164,7 +163,7 @@ def test_property_admission_never_exceeds_its_bound(k, b, events):
 
 
 def _group(gid: int, versions: list[int]) -> Group:
-    group = Group(gid, Example(str(gid), "q", "a"), [1], admitted_version=min(versions), admitted_at=0.0)
+    group = Group(gid, [1], len(versions), Example(str(gid), "q", "a"), admitted_version=min(versions))
     group.samples = [Sample([1], Completion([5], [-1.0], [v], "stop"), 1.0) for v in versions]
     return group
 
@@ -211,11 +210,11 @@ def test_a_failure_while_scoring_a_group_ends_the_run_instead_of_hanging_it():
     prompts = PromptSource([Example(str(i), f"q{i}", "a") for i in range(50)], lambda e: [1, 2], seed=0)
     calls = []
 
-    async def score(group, completions):
+    async def score(group):
         calls.append(group.group_id)
         if len(calls) == 3:
             raise ValueError("scorer bug")
-        return [1.0] * len(completions), 0
+        return [1.0] * group.size, 0
 
     o = Orchestrator(Schedule("async", 2, 4, 4, 10), gen, trainer, prompts, score, Recorder())
     with pytest.raises(ValueError, match="scorer bug"):  # not a timeout: the run did not wait forever

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from aioareal.generation.prefix import layout_of, shared_prefix_attention
-from aioareal.generation.sequence import Completion, GroupRequest, GroupState, Running
+from aioareal.generation.sequence import Running
+from aioareal.samples import Completion, Group
 
 _spec = importlib.util.spec_from_file_location("engine_overlap", pathlib.Path(__file__).with_name("test_engine_overlap.py"))
 overlap_tests = importlib.util.module_from_spec(_spec)
@@ -23,7 +24,7 @@ def _scene(dtype=torch.float32, slots=12, max_len=40, kv_heads=2, heads=6, dim=8
     v = torch.randn(slots, max_len, kv_heads, dim, generator=gen).to(dtype)
     running, pos = {}, {}
     for members, prompt, done in (([4, 0, 7], 9, [3, 11, 0]), ([2], 5, [20]), ([9, 1, 11, 5], 13, [1, 6, 2, 14])):
-        group = GroupState(GroupRequest(len(running), [0] * prompt, len(members)), [], len(members))
+        group = Group(len(running), [0] * prompt, len(members))
         for i, (slot, steps) in enumerate(zip(members, done)):
             k[slot, :prompt], v[slot, :prompt] = k[members[0], :prompt], v[members[0], :prompt]
             running[slot] = Running(group, i, slot, Completion(), prompt_len=prompt)

@@ -8,12 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.build import build_models, build_trainer
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Completion
 from aioareal.models import random_model
-from aioareal.samples import Group, Sample
+from aioareal.run.build import build_models, build_trainer
+from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate, computed_positions
@@ -176,7 +175,7 @@ def _groups(rng: random.Random) -> list[Group]:
         batch = samples[4 * g:4 * g + 4]
         for i, s in enumerate(batch):
             s.reward = float(i % 2)
-        groups.append(Group(g, Example(str(g), "q", "a"), batch[0].prompt_ids, 0, 0.0, samples=batch))
+        groups.append(Group(g, batch[0].prompt_ids, len(batch), Example(str(g), "q", "a"), samples=batch))
     return groups
 
 

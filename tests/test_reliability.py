@@ -19,8 +19,8 @@ from aioareal import checkpoint
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.rewards import RewardService
-from aioareal.run import train
+from aioareal.rewards.service import RewardService
+from aioareal.run.recipe import train
 from aioareal.tasks.base import Example
 
 QUIET = dict(log=lambda *_: None, printer=lambda row: None)
@@ -262,7 +262,7 @@ def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_ru
     run samples differently from an unbroken one."""
     from types import SimpleNamespace
 
-    from aioareal.hooks import checkpoint_saver
+    from aioareal.run.hooks import checkpoint_saver
 
     generator = torch.Generator().manual_seed(3)
     at_step_end = generator.get_state()
@@ -315,7 +315,7 @@ def test_a_detokenizer_error_scores_zero_instead_of_failing_the_group():
 
 
 def test_resume_skips_an_unreadable_checkpoint_for_the_one_before_it(tmp_path):
-    from aioareal.resume import resume
+    from aioareal.run.resume import resume
 
     run_dir = tmp_path / "run"
     config = load_config(overrides=["model.name=random:tiny", "train.steps=3", "algo.batch_groups=2", "eval.every=0",
@@ -345,7 +345,7 @@ def test_resume_skips_an_unreadable_checkpoint_for_the_one_before_it(tmp_path):
 
 
 def test_a_verifier_that_hangs_for_good_ends_the_run_instead_of_piling_up_threads(monkeypatch):
-    import aioareal.rewards as rewards_module
+    import aioareal.rewards.service as rewards_module
 
     monkeypatch.setattr(rewards_module, "MAX_HUNG", 3)
     release = threading.Event()

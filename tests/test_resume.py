@@ -16,7 +16,7 @@ import pytest
 
 from aioareal import checkpoint
 from aioareal.errors import UserError
-from aioareal.resume import resume_config
+from aioareal.run.resume import resume_config
 
 STEPS = 8
 ARGS = ["--steps", str(STEPS), "run.checkpoint_every=1", "eval.every=4", "algo.batch_groups=8",

@@ -16,8 +16,8 @@ import pytest
 
 from aioareal.cli import main
 from aioareal.config import load_config
-from aioareal.rewards import RewardService
-from aioareal.rewards_pool import WorkerPool
+from aioareal.rewards.pool import WorkerPool
+from aioareal.rewards.service import RewardService
 from aioareal.tasks import build_scorer, build_task
 from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
@@ -71,13 +71,13 @@ def test_a_job_cancelled_while_queued_is_skipped(pool: WorkerPool) -> None:
 
 def test_workers_import_neither_torch_nor_transformers(pool: WorkerPool) -> None:
     assert "torch" in sys.modules  # the parent has it (conftest)
-    for module in ("torch", "transformers", "aioareal.rewards"):
+    for module in ("torch", "transformers", "aioareal.rewards.service"):
         assert pool.run("sys:modules.__contains__", (module,), 5.0).value is False, module
     assert pool.run("sys:modules.__contains__", ("sympy",), 5.0).value is True  # preloaded
 
 
 def test_no_worker_outlives_its_interpreter() -> None:
-    script = ("from aioareal.rewards_pool import WorkerPool\n"
+    script = ("from aioareal.rewards.pool import WorkerPool\n"
               "p = WorkerPool(2); assert p.wait_ready(60); print(*p.pids(), flush=True)\n")
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     pids = [int(x) for x in out.stdout.split()]

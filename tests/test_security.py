@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from aioareal import checkpoint
+from aioareal.checkpoint.safeload import UnsafeFile, load_plain
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.run import train
-from aioareal.safeload import UnsafeFile, load_plain
+from aioareal.run.recipe import train
 
 QUIET = dict(log=lambda *_: None, printer=lambda row: None)
 BASE = ["model.name=random:tiny", "algo.batch_groups=2", "eval.every=0", "data.eval_size=4",

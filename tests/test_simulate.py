@@ -13,11 +13,19 @@ from aioareal.errors import UserError
 from aioareal.simulate.cell import Device, Topology
 from aioareal.simulate.gpus import GPUS, derive
 from aioareal.simulate.lengths import length_sampler, sampler
-from aioareal.simulate.profile import (Contention, DecodeCost, PrefillCost, Profile, TrainCost, fit, load_profile,
-                                       profile_from_dict)
+from aioareal.simulate.profile import (
+    Contention,
+    DecodeCost,
+    PrefillCost,
+    Profile,
+    TrainCost,
+    fit,
+    load_profile,
+    profile_from_dict,
+)
 from aioareal.simulate.published import readme_h100
 from aioareal.simulate.runner import Setting, simulate
-from aioareal.virtualclock import run_virtual
+from aioareal.simulate.virtualclock import run_virtual
 
 
 def profile(decode=(0.01, 0.0, 0.0), prefill=(0.0, 0.0, 0.0), train=(1.0, 0.0), contention=(1.0, 1.0),

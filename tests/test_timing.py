@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from aioareal.config import load_config
-from aioareal.dashboard import render
-from aioareal.live import LiveState
-from aioareal.run import train
+from aioareal.monitor.dashboard import render
+from aioareal.monitor.live import LiveState
+from aioareal.run.recipe import train
 from aioareal.timing import PhaseTimer
 
 TRAIN_PHASES = ["advantages", "pack", "fixed_logprobs", "loss", "optimizer", "publish"]

@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aioareal import trackers
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.trackers import TrackerFeed, scalars
+from aioareal.monitor import trackers
+from aioareal.monitor.trackers import TrackerFeed, scalars
 
 RUN = ["model.name=random:tiny", "train.steps=3", "algo.batch_groups=4", "algo.group_size=4", "eval.every=2",
        "data.eval_size=16"]
 
 
 def _train(run_dir: Path, *overrides: str) -> list[dict]:
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     config = load_config(overrides=[*RUN, *overrides], flags={"run.run_dir": str(run_dir)})
     train(config, log=lambda *_: None, printer=lambda row: None)

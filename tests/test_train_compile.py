@@ -10,12 +10,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from aioareal.build import build_models, build_trainer
 from aioareal.config import load_config
 from aioareal.config.loading import ConfigError
-from aioareal.generation import Completion
 from aioareal.models import random_model
-from aioareal.samples import Group, Sample
+from aioareal.run.build import build_models, build_trainer
+from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.compiled import compile_layers
@@ -32,7 +31,7 @@ def batch(seed: int, groups: int, prompt: tuple[int, int], completion: tuple[int
             tokens = [rng.randrange(3, 40) for _ in range(rng.randint(*completion))]
             samples.append(Sample(ids, Completion(tokens, [-1.5] * len(tokens), [0] * len(tokens), "stop"),
                                   float(rng.random() < 0.5)))
-        out.append(Group(g, Example(str(g), "q", "a"), ids, 0, 0.0, samples=samples))
+        out.append(Group(g, ids, len(samples), Example(str(g), "q", "a"), samples=samples))
     return out
 
 

@@ -8,15 +8,14 @@ from hypothesis import strategies as st
 
 from aioareal import losses
 from aioareal.config import load_config
-from aioareal.generation import Completion
 from aioareal.models import random_model
-from aioareal.samples import Group, Sample
+from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.step import assign_advantages
 from aioareal.trainer.batching import collate, pack, plan
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
+from aioareal.trainer.step import assign_advantages
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -106,7 +105,7 @@ def _groups(n_groups=2, g=4):
     gen = torch.Generator().manual_seed(0)
     groups = []
     for gid in range(n_groups):
-        group = Group(gid, Example(str(gid), "q", "a"), [4, 5, 6], 0, 0.0)
+        group = Group(gid, [4, 5, 6], g, Example(str(gid), "q", "a"))
         for i in range(g):
             tokens = torch.randint(10, 100, (3 + i,), generator=gen).tolist()
             group.samples.append(Sample([4, 5, 6], Completion(tokens, [-2.0] * len(tokens), [0] * len(tokens), "stop"),
@@ -179,7 +178,7 @@ def test_drop_constant_groups_stops_a_run_that_can_never_fill_a_batch(tmp_path):
     """Random weights never answer right, so every group's rewards are all 0 and the filter (now a
     config key) rejects them all: the run must end with a clear error, not generate forever."""
     from aioareal.errors import UserError
-    from aioareal.run import train
+    from aioareal.run.recipe import train
 
     config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2",
                                     "eval.every=0", "data.eval_size=8", "algo.drop_constant_groups=true"],

@@ -10,13 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.build import build_models, build_trainer
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Completion
 from aioareal.models import random_model
 from aioareal.models.attention import block_causal_mask, packed_attention
-from aioareal.samples import Group, Sample
+from aioareal.run.build import build_models, build_trainer
+from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate
@@ -113,7 +112,7 @@ def test_a_training_step_in_one_rows_equals_the_padded_one():
             batch = [sample(prompt, [rng.randrange(3, 100) for _ in range(rng.randint(1, 8))]) for _ in range(4)]
             for i, s in enumerate(batch):
                 s.reward = float(i % 2)
-            groups.append(Group(g, Example(str(g), "q", "a"), prompt, 0, 0.0, samples=batch))
+            groups.append(Group(g, prompt, len(batch), Example(str(g), "q", "a"), samples=batch))
         metrics = train_step(trainer, groups)
         losses[varlen] = (metrics["loss"], metrics["grad_norm"], [p.detach().clone() for p in trainer.params])
         assert all(mb.varlen is not None for part in trainer.pack(groups) for mb in part) == (varlen == "true")

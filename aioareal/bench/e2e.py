@@ -3,7 +3,7 @@ real engine, trainer, weight sync, workers and orchestrator, assembled as `run.s
 
 Random weights never say when to stop, so each completion's length is drawn from a long-tailed
 distribution (GSM8K-like lognormal by default, capped at --max-new-tokens) and forced through
-`GroupRequest.lengths`; that tail is what async hides and sync waits for. Rewards are random 0/1
+`Group.forced_lengths`; that tail is what async hides and sync waits for. Rewards are random 0/1
 (non-zero advantages, so the trainer does real work); there is no evaluation. Each mode gets a
 fresh model with the same seed (same weights) and the first --warmup-steps steps are not timed.
 """

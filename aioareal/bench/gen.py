@@ -10,19 +10,32 @@ samples; `generate()` gets `num_return_sequences=G`, which expands the prompts b
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from ..build import build_engine, context_length
 from ..config import Config, RunConfig
 from ..config import GenerationConfig as GenerationSettings  # transformers has a GenerationConfig too
 from ..errors import UserError
-from ..generation import Engine, GroupRequest
-from .harness import (alternate, build_model, environment, kv_bytes_per_token, max_peak, median_seconds,
-                      model_label, parameter_bytes, pick_device, pick_dtype, ratio)
+from ..generation import Engine
+from ..run.build import build_engine, context_length
+from ..samples import Group
+from .harness import (
+    alternate,
+    build_model,
+    environment,
+    kv_bytes_per_token,
+    max_peak,
+    median_seconds,
+    model_label,
+    parameter_bytes,
+    pick_device,
+    pick_dtype,
+    ratio,
+)
 from .roofline import Roofline, peak_gbps
 
 
@@ -81,11 +94,11 @@ def eos_ids(model: PreTrainedModel) -> list[int]:
 def run_engine(engine: Engine, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
     """Generate every group to completion; return the number of tokens sampled."""
     for i, ids in enumerate(prompts):
-        engine.submit(GroupRequest(i, ids, samples, lengths=[new_tokens] * samples))
+        engine.submit(Group(i, ids, samples, forced_lengths=[new_tokens] * samples))
     tokens = 0
     while engine.busy:
-        for result in engine.step():
-            tokens += sum(len(c.tokens) for c in result.completions)
+        for group in engine.step():
+            tokens += sum(len(s.tokens) for s in group.samples)
     return tokens
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel

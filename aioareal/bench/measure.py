@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Callable
 
-from ..generation import Completion, GroupRequest
 from ..orchestrator import EngineWorker, TrainerWorker
-from ..rewards import RewardService
-from ..trainer.batching import computed_positions
-from ..tasks.scoring import per_item
-from ..samples import Group, Sample
+from ..rewards.service import RewardService
+from ..samples import Completion, Group, Sample
 from ..simulate.lengths import length_sampler
 from ..tasks.base import Example
+from ..tasks.scoring import per_item
 from ..tasks.verify import math_equal
+from ..trainer.batching import computed_positions
 
 # The decode steps measured per point skip this many first (the prefill's step, a warm-up step).
 SKIP = 2
@@ -41,7 +40,7 @@ async def engine_point(worker: EngineWorker, groups: int, size: int, width: int,
     prefill and `repeats` decode steps after it; then let the sequences finish."""
     for g in range(groups):
         prompt = [rng.randrange(vocab) for _ in range(width)]
-        worker.submit(GroupRequest(g, prompt, size, lengths=[SKIP + repeats + 2] * size))  # end after the timed steps
+        worker.submit(Group(g, prompt, size, forced_lengths=[SKIP + repeats + 2] * size))  # end after the timed steps
     before = dict(worker.phase_seconds)
     await _step(worker)
     prefill = sum(worker.phase_seconds.get(k, 0.0) - before.get(k, 0.0) for k in ("admit", "prefill"))
@@ -74,7 +73,7 @@ def synthetic_groups(batch: int, size: int, prompt_len: int, mean: float, cap: i
     groups = []
     for g in range(batch):
         prompt = [rng.randrange(vocab) for _ in range(prompt_len)]
-        group = Group(g, Example(str(g), "", ""), prompt, version, 0.0)
+        group = Group(g, prompt, size, Example(str(g), "", ""), version)
         for _ in range(size):
             n = draw(rng)
             completion = Completion([rng.randrange(vocab) for _ in range(n)], [-1.0] * n, [version] * n, "length")
@@ -105,7 +104,7 @@ async def keep_decoding(worker: EngineWorker, size: int, width: int, length: int
     while not until(len(steps)):
         while worker.free_slots() >= size:
             prompt = [rng.randrange(vocab) for _ in range(width)]
-            worker.submit(GroupRequest(next_id, prompt, size, lengths=[length] * size))
+            worker.submit(Group(next_id, prompt, size, forced_lengths=[length] * size))
             next_id += 1
         start = time.perf_counter()
         await worker.step(False)

@@ -1,22 +1,22 @@
 """The real parts of a training run for `bench e2e`, built by the same builders as `run.setup`
-(aioareal/build.py) but with random weights, synthetic prompts, random 0/1 rewards, no
+(run/build.py) but with random weights, synthetic prompts, random 0/1 rewards, no
 evaluation, and forced completion lengths."""
 from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from ..build import Models, build_engine, build_trainer, build_workers, context_length
 from ..checkpoint import RunState
 from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunConfig, TrainConfig
-from ..generation import GroupRequest
 from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompts import PromptSource
-from ..run import run_event_loop
+from ..run.build import Models, build_engine, build_trainer, build_workers, context_length
+from ..run.recipe import run_event_loop
 from ..samples import Group
 from ..tasks.base import Example
 from .gen import eos_ids
@@ -33,9 +33,9 @@ class ForcedLengths:
     def __init__(self, worker: EngineWorker, draw: Callable[[random.Random], int], seed: int) -> None:
         self.worker, self.draw, self.rng = worker, draw, random.Random(seed)
 
-    def submit(self, request: GroupRequest) -> None:
-        request.lengths = [self.draw(self.rng) for _ in range(request.n)]
-        self.worker.submit(request)
+    def submit(self, group: Group) -> None:
+        group.forced_lengths = [self.draw(self.rng) for _ in range(group.size)]
+        self.worker.submit(group)
 
     def __getattr__(self, name: str) -> Any:  # version, tokens_generated, free_slots, busy, in_flight, step
         return getattr(self.worker, name)
@@ -120,8 +120,8 @@ def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, 
     gen, train = build(args, config, device, dtype, draw)
     rewards = random.Random(args.seed + 1)
 
-    async def score(group: Group, completions: list[list[int]]) -> tuple[list[float], int]:
-        return [float(rewards.random() < 0.5) for _ in completions], 0
+    async def score(group: Group) -> tuple[list[float], int]:
+        return [float(rewards.random() < 0.5) for _ in group.samples], 0
 
     schedule = Schedule(mode, k, args.batch_groups, args.group_size, config.train.steps, eval_every=0)
     vocab = gen.worker.engine.model.config.vocab_size

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from ..build import Models, build_engine, build_trainer, build_workers
 from ..errors import UserError
-from ..run import run_event_loop
+from ..run.build import Models, build_engine, build_trainer, build_workers
+from ..run.recipe import run_event_loop
 from ..simulate.profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 from .e2e import setup_arguments
 from .gen import eos_ids

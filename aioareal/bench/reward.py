@@ -15,9 +15,10 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import UserError
 
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..rewards_pool import WorkerPool
+    from ..rewards.pool import WorkerPool
     from ..tasks.verify import SYMBOLIC_MODULE
 
     golds, texts = completions(_rows(args.data), args.completions)
@@ -83,9 +84,9 @@ def completions(rows: list[dict[str, str]], n: int) -> tuple[list[str], list[str
 
 def agreement() -> dict[str, Any]:
     """Fraction of the grading cases each grader scores as the careful grader did."""
-    from ..tasks.baselines import BASELINES
-    from ..tasks.grading_cases import CASES
     from ..tasks.verify import grade_now
+    from .baselines import BASELINES
+    from .grading_cases import CASES
 
     expected = [c[3] for c in CASES]
     scores = {"ours": grade_now([c[1] for c in CASES], [c[2] for c in CASES], 10.0)}
@@ -106,7 +107,7 @@ def _single(golds: list[str], texts: list[str]) -> None:
 
 def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
     """Chunks graded in worker processes; the rare symbolic checks they hand back run in the pool too."""
-    from ..rewards_pool import Deferred
+    from ..rewards.pool import Deferred
 
     futures = [pool.submit("aioareal.tasks.verify:grade_batch", (golds[i:i + chunk], texts[i:i + chunk]), 120.0)
                for i in range(0, len(texts), chunk)]
@@ -118,7 +119,7 @@ def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
 
 def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers: int) -> None:
     """Through `RewardService.score`, one call per group of completions, all groups submitted at once."""
-    from ..rewards import RewardService
+    from ..rewards.service import RewardService
     from ..tasks.base import Example
     from ..tasks.scoring import GradedScorer
     from ..tasks.verify import SYMBOLIC_MODULE, grade

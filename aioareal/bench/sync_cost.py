@@ -1,4 +1,4 @@
-"""What one weight sync costs (weightsync.py): bytes and milliseconds per publish (trainer's master
+"""What one weight sync costs (weightsync/full.py): bytes and milliseconds per publish (trainer's master
 weights -> staging on the generator's device, cast to the generation dtype) and per adoption
 (staging -> the generator's parameters, in place), measured with the real `WeightSync`.
 
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..weightsync import WeightSync
+from ..weightsync.full import WeightSync
 from .harness import timed
 
 

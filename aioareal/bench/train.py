@@ -26,21 +26,30 @@ import argparse
 import contextlib
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from ..errors import UserError
-from ..generation import Completion
-from ..orchestrator.simulated import gsm8k_like_length
-from ..samples import Sample
+from ..samples import Completion, Sample
+from ..simulate.modelled import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
 from . import sync_cost
-from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label,
-                      pick_device, pick_dtype, ratio)
+from .harness import (
+    alternate,
+    build_model,
+    environment,
+    max_peak,
+    median_seconds,
+    model_label,
+    pick_device,
+    pick_dtype,
+    ratio,
+)
 from .roofline import mfu, non_embedding_params, peak_bf16_tflops
 from .train_layouts import run_layouts
 from .train_lora import run_lora

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..generation import Completion
-from ..orchestrator.simulated import gsm8k_like_length
-from ..samples import Sample
+from ..samples import Completion, Sample
+from ..simulate.modelled import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, plan
 from ..trainer.logprobs import token_logprobs
 from .harness import alternate, build_model, environment, median_seconds, model_label, pick_device, ratio

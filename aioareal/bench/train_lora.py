@@ -16,22 +16,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..config import load_config
-from ..lora import trainable_parameters, wrap
-from ..lorasync import LoraSync
 from ..models import resolve_dtype
+from ..models.lora import trainable_parameters, wrap
 from ..trainer.batching import MicroBatch, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.optim import adamw_kind
-from ..weightsync import WeightSync
-from .harness import (alternate, build_model, environment, max_peak, median_seconds, model_label, pick_device,
-                      pick_dtype, ratio)
-
+from ..weightsync.full import WeightSync
+from ..weightsync.lora import LoraSync
+from .harness import (
+    alternate,
+    build_model,
+    environment,
+    max_peak,
+    median_seconds,
+    model_label,
+    pick_device,
+    pick_dtype,
+    ratio,
+)
 
 LossFn = Callable[[nn.Module, MicroBatch], torch.Tensor]
 

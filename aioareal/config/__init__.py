@@ -1,7 +1,21 @@
 """Configuration: typed dataclasses (schema), layering and checks (loading)."""
 from .loading import dump_yaml, known_keys, load_config, save_config, to_dict
-from .schema import (DEFAULT_STALENESS, AlgoConfig, ArithmeticConfig, Config, DataConfig, DistConfig, EvalConfig, GenerationConfig, ModelConfig, RewardConfig,
-                     RolloutConfig, RunConfig, TrainConfig, WarmupConfig)
+from .schema import (
+                     DEFAULT_STALENESS,
+                     AlgoConfig,
+                     ArithmeticConfig,
+                     Config,
+                     DataConfig,
+                     DistConfig,
+                     EvalConfig,
+                     GenerationConfig,
+                     ModelConfig,
+                     RewardConfig,
+                     RolloutConfig,
+                     RunConfig,
+                     TrainConfig,
+                     WarmupConfig,
+)
 
 __all__ = ["DEFAULT_STALENESS", "AlgoConfig", "ArithmeticConfig", "Config", "DataConfig", "DistConfig", "EvalConfig", "GenerationConfig", "ModelConfig", "RewardConfig",
            "RolloutConfig", "RunConfig", "TrainConfig", "WarmupConfig", "dump_yaml", "known_keys", "load_config",

@@ -1,3 +1,3 @@
-"""Scale-out on torch.distributed (see README "Scaling out"): one cell per torchrun rank. Import the
-submodules themselves: this package imports nothing, so that low layers (the trainer) can use
-`reduce` without loading the checkpoint code that depends on them."""
+"""torch.distributed primitives: `world` (ranks, process groups, timeouts), `env` (torchrun's
+variables), `reduce` (global sums), `sharding` (FSDP2, gathers). The run's wiring on top of them lives
+in `run/`; the sharded checkpoints in `checkpoint/`."""

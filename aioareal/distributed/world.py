@@ -18,9 +18,10 @@ Both are created with `dist.timeout_s`: a collective that waits longer fails ins
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

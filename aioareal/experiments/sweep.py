@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from .. import checkpoint
+from ..checkpoint import is_done
 from ..config import Config, load_config
 from ..errors import UserError
-from ..checkpoint import is_done
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
@@ -103,8 +104,8 @@ def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[Pl
 
 def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[str], None] = print,
               dashboard: str | None = None) -> Path:
-    from ..resume import resume
-    from ..run import train
+    from ..run.recipe import train
+    from ..run.resume import resume
 
     name, runs = plan(path, runs_root)
     started = time.monotonic()

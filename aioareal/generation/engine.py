@@ -37,18 +37,19 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
+from ..samples import Group
 from ..timing import PhaseTimer
+from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap  # noqa: F401 (re-exported)
 from .forward import FastForward
+from .fused_sampling import fused_sample
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
-from .fused_sampling import fused_sample
+from .prefix import PrefixLayout, layout_of
 from .sampling import SamplingParams, sample
 from .scheduler import Scheduler
-from .sequence import GroupRequest, GroupResult, GroupState, Running
+from .sequence import Running
 from .upload import upload, upload_padded
-from .policy import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap  # noqa: F401 (re-exported)
-from .prefix import PrefixLayout, layout_of
 
 
 class Engine:
@@ -109,7 +110,7 @@ class Engine:
         return self.sched.free
 
     @property
-    def waiting(self) -> deque[GroupRequest]:
+    def waiting(self) -> deque[Group]:
         return self.sched.waiting
 
     @property
@@ -120,13 +121,17 @@ class Engine:
     def tokens_generated(self) -> int:
         return self.sched.tokens_generated
 
-    def submit(self, request: GroupRequest) -> None:
-        if request.n > self.num_slots:
-            raise ValueError(f"a group of {request.n} samples cannot fit in {self.num_slots} slots")
-        if len(request.prompt_ids) + self.params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens + {self.params.max_new_tokens} new "
+    def submit(self, group: Group) -> None:
+        """Queue `group`: its `size` completions are sampled into `group.samples` and it comes back
+        from a later `step()` when every one has finished."""
+        if group.size > self.num_slots:
+            raise ValueError(f"a group of {group.size} samples cannot fit in {self.num_slots} slots")
+        if len(group.prompt_ids) + self.params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of {len(group.prompt_ids)} tokens + {self.params.max_new_tokens} new "
                              f"tokens exceeds the engine context of {self.max_len}")
-        self.waiting.append(request)
+        if group.group_id in self.sched.unfinished or any(g.group_id == group.group_id for g in self.waiting):
+            raise ValueError(f"group id {group.group_id} is already in this engine")
+        self.waiting.append(group)
 
     @property
     def busy(self) -> bool:
@@ -147,14 +152,14 @@ class Engine:
 
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self) -> list[GroupResult]:
+    def step(self) -> list[Group]:
         """Admit, prefill, decode one token everywhere; read a step's tokens and return the groups
         that finished (with overlap, the previous step's). Each phase lands in `self.timer` (when
         the engine is `timed`)."""
         if not self.busy:
             return []
         timer = self.timer
-        finished: list[GroupResult] = []
+        finished: list[Group] = []
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if self.stale_cache:
                 if self.pending is not None:  # the recompute needs the in-flight step's tokens
@@ -199,23 +204,23 @@ class Engine:
                 host, event = out.cpu(), None
         return StepOutput(host, event, admitted, running, self.version, decoded is not None)
 
-    def _read(self, output: StepOutput, in_flight: StepOutput | None) -> list[GroupResult]:
+    def _read(self, output: StepOutput, in_flight: StepOutput | None) -> list[Group]:
         """Wait for a step's tokens and record them; `in_flight` is the step launched after it."""
         with self.timer("sync", host=True) if self.overlap else contextlib.nullcontext():
             output.wait()  # with overlap the host sync of the step: on the previous step's copy only
         with self.timer("bookkeep", host=True):
             return self.sched.bookkeep(output, in_flight)
-    def _prefill(self, groups: list[GroupState], admitted: list[Running]) -> torch.Tensor:
+    def _prefill(self, groups: list[Group], admitted: list[Running]) -> torch.Tensor:
         """Prefill the admitted prompts, sample their first tokens; returns (2, len(admitted))."""
-        prompts = [g.request.prompt_ids for g in groups]
+        prompts = [g.prompt_ids for g in groups]
         # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
         lengths = upload([len(p) for p in prompts], self.device)
         tokens = upload_padded(prompts, self.device)
-        copies = groups[0].request.n
+        copies = groups[0].size
         slots = upload([r.slot for r in admitted], self.device)
-        if any(g.request.n != copies for g in groups):  # mixed group sizes: one prefill each
+        if any(g.size != copies for g in groups):  # mixed group sizes: one prefill each
             hidden = torch.cat([self.fwd.prefill(self.cache, tokens[j:j + 1], lengths[j:j + 1],
-                                                 self._slots_of(admitted, g), g.request.n).repeat(g.request.n, 1)
+                                                 self._slots_of(admitted, g), g.size).repeat(g.size, 1)
                                 for j, g in enumerate(groups)])
         else:
             hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
@@ -229,7 +234,7 @@ class Engine:
             self.running[r.slot] = r
         return torch.stack([tok.to(torch.float32), lp])
 
-    def _slots_of(self, admitted: list[Running], group: GroupState) -> torch.Tensor:
+    def _slots_of(self, admitted: list[Running], group: Group) -> torch.Tensor:
         return upload([r.slot for r in admitted if r.group is group], self.device)
 
     def _decode(self) -> torch.Tensor:
@@ -279,7 +284,7 @@ class Engine:
     def _recompute_cache(self) -> None:
         """Re-prefill every running sequence (prompt + tokens so far) under the current weights."""
         seqs = list(self.running.values())
-        prefixes = [r.group.request.prompt_ids + r.completion.tokens[:-1] for r in seqs]
+        prefixes = [r.group.prompt_ids + r.completion.tokens[:-1] for r in seqs]
         lengths = upload([len(p) for p in prefixes], self.device)
         slots = upload([r.slot for r in seqs], self.device)
         self.fwd.prefill(self.cache, upload_padded(prefixes, self.device), lengths, slots)

@@ -18,7 +18,7 @@ needs a sort and falls back to `sample`.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -8,7 +8,7 @@ copies into parameters in place (DESIGN rule 5).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

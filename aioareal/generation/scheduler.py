@@ -9,49 +9,51 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+from ..samples import Group
 from .inflight import StepOutput
-from .sequence import Completion, GroupRequest, GroupResult, GroupState, Running
+from .sequence import GroupTally, Running
 
 
 class Scheduler:
     def __init__(self, num_slots: int, eos_ids: list[int], max_len: int, max_new_tokens: int) -> None:
         self.free: list[int] = list(range(num_slots))  # slots the host knows are free (a min-heap)
-        self.waiting: deque[GroupRequest] = deque()
+        self.waiting: deque[Group] = deque()
         # Sequences the host has not yet seen finish; with overlap, some may have finished in the
         # step in flight (the device knows, the host learns when it reads that step).
         self.running: dict[int, Running] = {}
+        self.unfinished = GroupTally()
         self.eos_set = set(eos_ids)
         self.max_len, self.max_new_tokens = max_len, max_new_tokens
         self.max_pos = 0  # the furthest position the next decode writes at, over running sequences
         self.tokens_generated = 0  # total sampled tokens, for throughput
 
-    def admit(self) -> tuple[list[GroupState], list[Running]]:
+    def admit(self) -> tuple[list[Group], list[Running]]:
         """Host side of admission: waiting groups that fit take slots, oldest first."""
         admitted: list[Running] = []
-        groups: list[GroupState] = []
-        while self.waiting and len(self.free) >= self.waiting[0].n:
-            request = self.waiting.popleft()
-            group = GroupState(request, [Completion() for _ in range(request.n)], request.n)
+        groups: list[Group] = []
+        while self.waiting and len(self.free) >= self.waiting[0].size:
+            group = self.waiting.popleft()
             groups.append(group)
-            prompt_len = len(request.prompt_ids)
+            completions = self.unfinished.start(group)
+            prompt_len = len(group.prompt_ids)
             # A sequence ends at max_new_tokens, at the context's end, or at its forced length.
             cap = min(self.max_new_tokens, self.max_len - prompt_len)
-            for i in range(request.n):
+            forced = group.forced_lengths
+            for i, completion in enumerate(completions):
                 slot = heapq.heappop(self.free)
-                limit = cap if request.lengths is None else min(cap, request.lengths[i])
-                admitted.append(Running(group, i, slot, group.completions[i], prompt_len, limit,
-                                        request.lengths is None))
+                limit = cap if forced is None else min(cap, forced[i])
+                admitted.append(Running(group, i, slot, completion, prompt_len, limit, forced is None))
             self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
         return groups, admitted
 
-    def bookkeep(self, output: StepOutput, in_flight: StepOutput | None) -> list[GroupResult]:
+    def bookkeep(self, output: StepOutput, in_flight: StepOutput | None) -> list[Group]:
         """Record a step's tokens on the host; free finished slots. This loop runs once per live
         sequence per step, so it is kept lean: without overlap it is time the device sits idle.
         A sequence that already finished (at its first token, or with overlap in the step before)
         is skipped: its token in this step is the extra one of a dead slot."""
         host = output.host
         tokens, logprobs = host[0].long().tolist(), host[1].tolist()  # host memory already: no sync
-        finished: list[GroupResult] = []
+        finished: list[Group] = []
         version = output.version
         # First tokens of newly admitted sequences come first, then one token per slot [0, n).
         for i, r in enumerate(output.admitted):
@@ -71,7 +73,7 @@ class Scheduler:
         return finished
 
     def _append(self, r: Running, token: int, logprob: float, version: int,
-                finished: list[GroupResult]) -> int:
+                finished: list[Group]) -> int:
         """Record one token; return the sequence's next position, or -1 if it finished. The same
         rule as the device's (liveness.py), which has already cleared `live` where this ends."""
         c = r.completion
@@ -88,7 +90,6 @@ class Scheduler:
             return r.prompt_len + length - 1
         del self.running[r.slot]
         heapq.heappush(self.free, r.slot)
-        r.group.unfinished -= 1
-        if r.group.unfinished == 0:
-            finished.append(GroupResult(r.group.request, r.group.completions))
+        if self.unfinished.end_one(r.group):
+            finished.append(r.group)
         return -1

@@ -1,37 +1,9 @@
-"""What the engine is asked to generate and what it hands back."""
+"""A sequence in the engine: which slot it holds and which sample of which group it fills."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-
-@dataclass
-class GroupRequest:
-    """G samples of one prompt: the unit of admission, prefill sharing and advantage normalisation."""
-
-    group_id: int
-    prompt_ids: list[int]
-    n: int
-    payload: Any = None  # the orchestrator's own record (prompt, admission stamps); never read here
-    # Per-sample length caps with end-of-sequence tokens ignored: benchmarks on random weights use
-    # these to impose a realistic (long-tailed) length distribution.
-    lengths: list[int] | None = None
-
-
-@dataclass(slots=True)
-class Completion:
-    """One sampled completion, with the behaviour logprob and policy version of every token."""
-
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str = ""  # "stop" (an EOS token) or "length" (max_new_tokens or context)
-
-
-@dataclass
-class GroupResult:
-    request: GroupRequest
-    completions: list[Completion]
+from ..samples import Completion, Group
 
 
 @dataclass(slots=True)
@@ -40,7 +12,7 @@ class Running:
     the next input, to be written at position prompt_len + len(tokens) - 1. Right after admission
     the first token is sampled but not yet recorded on the host: it goes to position prompt_len."""
 
-    group: "GroupState"
+    group: Group
     index: int
     slot: int
     completion: Completion
@@ -49,8 +21,27 @@ class Running:
     stop_on_eos: bool = True  # False under forced lengths
 
 
-@dataclass
-class GroupState:
-    request: GroupRequest
-    completions: list[Completion]
-    unfinished: int
+class GroupTally:
+    """Sequences still running per group: a group is handed back when its last sequence ends (the
+    engine's scheduler and the simulated generators keep one)."""
+
+    def __init__(self) -> None:
+        self.left: dict[int, int] = {}  # group id -> sequences still running
+
+    def start(self, group: Group) -> list[Completion]:
+        """A group admitted: its empty completions, one per sample."""
+        if group.group_id in self.left:
+            raise ValueError(f"group id {group.group_id} is already running")
+        self.left[group.group_id] = group.size
+        return [s.completion for s in group.start_samples()]
+
+    def end_one(self, group: Group) -> bool:
+        """One of `group`'s sequences ended; True when it was the last."""
+        self.left[group.group_id] -= 1
+        if self.left[group.group_id]:
+            return False
+        del self.left[group.group_id]
+        return True
+
+    def __contains__(self, group_id: int) -> bool:
+        return group_id in self.left

@@ -11,14 +11,14 @@ Modes (DESIGN "Modes"):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from ..checkpoint import RunState
 from ..errors import UserError
-from ..generation import GroupRequest, GroupResult
 from ..prompts import PromptSource
-from ..samples import Group, Sample
+from ..samples import Group
 from .admission import Admission, Ledger, OldestFirstBuffer
 from .report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
@@ -27,8 +27,8 @@ from .workers import GenerationWorker, TrainingWorker
 # beyond what a model that solves 90% of its prompts produces by chance (0.9**200 < 1e-9 at B=2).
 REJECT_LIMIT = 100
 
-# (group, completions' token ids) -> (one reward per completion, failed verifications)
-GroupScorer = Callable[[Group, list[list[int]]], Awaitable[tuple[list[float], int]]]
+# A finished group -> (one reward per sample, failed verifications): the reward service's `score_group`.
+GroupScorer = Callable[[Group], Awaitable[tuple[list[float], int]]]
 
 
 @dataclass
@@ -176,13 +176,13 @@ class Orchestrator:
     def _submit(self, version: int) -> None:
         cursor = self.prompts.cursor
         example, prompt_ids = self.prompts.next()
-        group = Group(self.next_group_id, example, prompt_ids, version, self.now(), cursor=cursor)
+        group = Group(self.next_group_id, prompt_ids, self.s.group_size, example, version, self.now(), cursor)
         self.untrained[group.group_id] = cursor
         self.next_group_id += 1
         self.admission.admit()
         self.ledger.admitted += 1
         self.buffer.admitted(group.group_id)
-        self.gen.submit(GroupRequest(group.group_id, prompt_ids, self.s.group_size, payload=group))
+        self.gen.submit(group)
 
     async def _generate(self) -> None:
         # Runs until cancelled when the trainer is done: a requested stop still needs the
@@ -196,8 +196,8 @@ class Orchestrator:
             # sync/one-step adopt new weights only between batches; async between any two steps.
             adopt = self.s.mode == "async" or self.gen.in_flight == 0
             results = await self._timed("gen", self.gen.step(adopt))
-            for result in results:
-                task = asyncio.create_task(self._finish(result))
+            for group in results:
+                task = asyncio.create_task(self._finish(group))
                 self._finishing.add(task)
                 task.add_done_callback(self._finished)
 
@@ -208,13 +208,11 @@ class Orchestrator:
         if not task.cancelled() and task.exception() is not None and not self._failure.done():
             self._failure.set_exception(task.exception())
 
-    async def _finish(self, result: GroupResult) -> None:
-        group: Group = result.request.payload
+    async def _finish(self, group: Group) -> None:
         group.finished_at = self.now()
-        rewards, failures = await self.score(group, [c.tokens for c in result.completions])
+        rewards, failures = await self.score(group)
         self.score_seconds += self.now() - group.finished_at
-        group.samples = [Sample(group.prompt_ids, c, r) for c, r in zip(result.completions, rewards)]
-        group.reward_failures = failures
+        group.set_rewards(rewards, failures)
         self.reward_failures += failures
         kept = not (self.s.drop_constant_groups and len(set(rewards)) == 1)
         self.rejected_in_a_row = 0 if kept else self.rejected_in_a_row + 1

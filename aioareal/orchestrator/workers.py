@@ -8,12 +8,12 @@ inside its kernels). The event loop itself only does bookkeeping.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..generation import GroupRequest, GroupResult
 from ..samples import Group
 from ..timing import merge
 from ..trainer import train_step
@@ -21,7 +21,7 @@ from ..trainer import train_step
 if TYPE_CHECKING:
     from ..generation import Engine
     from ..trainer import Trainer
-    from ..weightsync import WeightSync
+    from ..weightsync.full import WeightSync
 
 
 class GenerationWorker(Protocol):
@@ -29,13 +29,13 @@ class GenerationWorker(Protocol):
     tokens_generated: int
     phase_seconds: dict[str, float]  # running totals per phase (admit, prefill, decode, adopt, ...)
 
-    def submit(self, request: GroupRequest) -> None: ...
+    def submit(self, group: Group) -> None: ...
     def free_slots(self) -> int: ...
     @property
     def busy(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
-    async def step(self, adopt: bool) -> list[GroupResult]: ...
+    async def step(self, adopt: bool) -> list[Group]: ...
 
 
 class TrainingWorker(Protocol):
@@ -60,7 +60,7 @@ def _thread_for(device: torch.device, name: str) -> ThreadPoolExecutor:
 
 
 class EngineWorker:
-    def __init__(self, engine: "Engine", sync: "WeightSync") -> None:
+    def __init__(self, engine: Engine, sync: WeightSync) -> None:
         self.engine, self.sync = engine, sync
         self.pool = _thread_for(engine.device, "generator")
         self.phase_seconds: dict[str, float] = {}  # updated on the event loop's thread only
@@ -73,11 +73,11 @@ class EngineWorker:
     def tokens_generated(self) -> int:
         return self.engine.tokens_generated
 
-    def submit(self, request: GroupRequest) -> None:
-        self.engine.submit(request)
+    def submit(self, group: Group) -> None:
+        self.engine.submit(group)
 
     def free_slots(self) -> int:
-        return len(self.engine.free) - sum(r.n for r in self.engine.waiting)
+        return len(self.engine.free) - sum(g.size for g in self.engine.waiting)
 
     @property
     def busy(self) -> bool:
@@ -87,7 +87,7 @@ class EngineWorker:
     def in_flight(self) -> int:
         return len(self.engine.running)
 
-    def _step(self, adopt: bool) -> tuple[list[GroupResult], dict[str, float]]:
+    def _step(self, adopt: bool) -> tuple[list[Group], dict[str, float]]:
         """One generator step on its thread: adopt a published version if allowed, then the
         engine's admit, prefill, decode, sync and bookkeeping; returns the phases' seconds too."""
         timer = self.engine.timer
@@ -100,7 +100,7 @@ class EngineWorker:
         # still in flight, which a later take() reads.
         return results, timer.take()
 
-    async def step(self, adopt: bool) -> list[GroupResult]:
+    async def step(self, adopt: bool) -> list[Group]:
         results, phases = await _on(self.pool, self._step, adopt)
         merge(self.phase_seconds, phases)
         return results
@@ -110,7 +110,7 @@ class EngineWorker:
 
 
 class TrainerWorker:
-    def __init__(self, trainer: "Trainer", sync: "WeightSync", evaluate: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, trainer: Trainer, sync: WeightSync, evaluate: Callable[[], dict[str, float]]) -> None:
         self.trainer, self.sync, self._evaluate = trainer, sync, evaluate
         self.pool = _thread_for(trainer.device, "trainer")
         self.version = trainer.version  # published version: what admission and staleness count

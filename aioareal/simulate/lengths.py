@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import UserError
-from ..orchestrator.simulated import gsm8k_like_length
+from .modelled import gsm8k_like_length
 
 Draw = Callable[[random.Random], int]
 KINDS = ("gsm8k", "uniform", "fixed")

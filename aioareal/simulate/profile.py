@@ -61,7 +61,7 @@ class DecodeCost:
         return self.a + self.b * n + self.c * n * span
 
     @classmethod
-    def fitted(cls, points: list[list[float]]) -> "DecodeCost":
+    def fitted(cls, points: list[list[float]]) -> DecodeCost:
         return cls(*fit([[1.0, n, n * s] for n, s, _ in points], [t for *_, t in points]), points=points)
 
     def predicted(self) -> list[float]:
@@ -79,7 +79,7 @@ class PrefillCost:
         return self.a + self.b * prompts * width + self.c * prompts * width * width if prompts else 0.0
 
     @classmethod
-    def fitted(cls, points: list[list[float]]) -> "PrefillCost":
+    def fitted(cls, points: list[list[float]]) -> PrefillCost:
         rows = [[1.0, p * w, p * w * w] for p, w, _ in points]
         return cls(*fit(rows, [t for *_, t in points]), points=points)
 
@@ -111,7 +111,7 @@ class TrainCost:
         return sum(len(s.prompt_ids) + len(s.tokens) for s in samples)
 
     @classmethod
-    def fitted(cls, points: list[list[float]], **unit: Any) -> "TrainCost":
+    def fitted(cls, points: list[list[float]], **unit: Any) -> TrainCost:
         return cls(*fit([[1.0, n] for n, _ in points], [t for _, t in points]), points=points, **unit)
 
     def predicted(self) -> list[float]:

@@ -13,10 +13,10 @@ from ..orchestrator import Orchestrator, Schedule, StepReport
 from ..prompts import PromptSource
 from ..samples import Group
 from ..tasks.base import Example
-from ..virtualclock import run_virtual
 from .cell import Device, Lockstep, Topology
 from .lengths import Draw
 from .profile import Profile
+from .virtualclock import run_virtual
 from .workers import ProfiledGenerator, ProfiledTrainer
 
 PROMPTS = 512  # distinct prompts, cycled (their content never matters here)
@@ -95,10 +95,10 @@ def _cell(profile: Profile, setting: Setting, topology: Topology, schedule: Sche
     rewards = random.Random(setting.seed + 1 + index)
     reward_s = profile.reward_s if setting.reward_s is None else setting.reward_s
 
-    async def score(group: Group, completions: list[list[int]]) -> tuple[list[float], int]:
+    async def score(group: Group) -> tuple[list[float], int]:
         if reward_s > 0:
             await asyncio.sleep(reward_s)
-        return [float(rewards.random() < 0.5) for _ in completions], 0
+        return [float(rewards.random() < 0.5) for _ in group.samples], 0
 
     recorder = Recorder(setting.warmup_steps)
     orchestrator = Orchestrator(schedule, gen, trainer, prompts, score, recorder)

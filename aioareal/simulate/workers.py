@@ -21,15 +21,15 @@ import heapq
 import math
 import random
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from ..generation import Completion, GroupRequest, GroupResult
-from ..generation.engine import SHORT_SPAN, live_decode_pays
-from ..orchestrator.simulated import QueuedSequences
+from ..generation.decode_rules import SHORT_SPAN, live_decode_pays
+from ..generation.sequence import GroupTally
 from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
 from .decodeplan import Segment, plan_seconds, steps_begun
+from .modelled import QueuedSequences
 from .profile import Profile
 
 # Tests set this: the reference path, one decode step per `step` call, as the engine does.
@@ -38,7 +38,7 @@ SINGLE_STEPS = False
 
 @dataclass(slots=True)
 class _Seq:
-    group: "_GroupRun"
+    group: Group
     index: int
     slot: int
     prompt_len: int
@@ -48,15 +48,8 @@ class _Seq:
     uid: int  # tells apart the sequences one slot holds over time
 
 
-@dataclass(slots=True)
-class _GroupRun:
-    request: GroupRequest
-    completions: list[Completion]
-    unfinished: int
-
-
 class ProfiledGenerator(QueuedSequences):
-    def __init__(self, profile: Profile, device: Device, trainer: "ProfiledTrainer", slots: int,
+    def __init__(self, profile: Profile, device: Device, trainer: ProfiledTrainer, slots: int,
                  draw: Callable[[random.Random], int], seed: int, recompute_kv: bool = True) -> None:
         self.p, self.device, self.trainer, self.slots, self.draw = profile, device, trainer, slots, draw
         self.rng = random.Random(seed)  # the bench's ForcedLengths draws with the same seed, in the same order
@@ -65,7 +58,8 @@ class ProfiledGenerator(QueuedSequences):
         self.version = 0
         self.tokens_generated = 0
         self.phase_seconds: dict[str, float] = {"prefill": 0.0, "decode": 0.0, "adopt": 0.0, "recompute_kv": 0.0}
-        self.waiting: list[GroupRequest] = []
+        self.waiting: list[Group] = []
+        self.unfinished = GroupTally()
         self.free = list(range(slots))  # a min-heap, as the engine's
         self.running: dict[int, _Seq] = {}  # slot -> sequence
         self.ends: list[tuple[int, int]] = []  # min-heap: (decode step at which it ends, slot)
@@ -81,16 +75,16 @@ class ProfiledGenerator(QueuedSequences):
         self.blank: dict[int, tuple[list[int], list[float]]] = {}  # length -> shared placeholder tokens, logprobs
 
     # -- the GenerationWorker contract -------------------------------------------------------------
-    def submit(self, request: GroupRequest) -> None:
-        request.lengths = [self.draw(self.rng) for _ in range(request.n)]
-        self.group_size = min(self.group_size, request.n)
-        self.waiting.append(request)
+    def submit(self, group: Group) -> None:
+        group.forced_lengths = [self.draw(self.rng) for _ in range(group.size)]
+        self.group_size = min(self.group_size, group.size)
+        self.waiting.append(group)
         self.device.set_active("gen", True)
 
     def free_slots(self) -> int:
-        return len(self.free) - sum(r.n for r in self.waiting)
+        return len(self.free) - sum(g.size for g in self.waiting)
 
-    async def step(self, adopt: bool) -> list[GroupResult]:
+    async def step(self, adopt: bool) -> list[Group]:
         """One engine step (adopt, admit + prefill, decode), extended over the decode steps up to a
         moment the orchestrator must see: a group finished, a group's worth of slots is free, or
         something this worker depends on changed (a new version, the trainer starting or stopping
@@ -99,7 +93,7 @@ class ProfiledGenerator(QueuedSequences):
         wake = self.device.wake["gen"]
         wake.clear()  # what happened before this call is already seen by it
         setup = self._adopt() if adopt and self.trainer.version > self.version else 0.0
-        finished: list[GroupResult] = []
+        finished: list[Group] = []
         setup += self._admit(finished)
         plan = self._plan()
         steps = sum(seg.steps for seg in plan)
@@ -137,7 +131,7 @@ class ProfiledGenerator(QueuedSequences):
                 taken.append(heapq.heappop(self.ends))
                 seq = self.running[taken[-1][1]]
                 gone.add(seq.slot)
-                left[id(seq.group)] = left.get(id(seq.group), seq.group.unfinished) - 1
+                left[id(seq.group)] = left.get(id(seq.group), self.unfinished.left[seq.group.group_id]) - 1
                 done = done or left[id(seq.group)] == 0
                 free += 1
             if done or free >= self.group_size:
@@ -185,15 +179,15 @@ class ProfiledGenerator(QueuedSequences):
         return seconds
 
     # -- sequences ---------------------------------------------------------------------------------
-    def _admit(self, finished: list[GroupResult]) -> float:
+    def _admit(self, finished: list[Group]) -> float:
         """Waiting groups take the lowest free slots; returns the prefill's seconds."""
         prompts, width = 0, 0
-        while self.waiting and len(self.free) >= self.waiting[0].n:
-            request = self.waiting.pop(0)
-            group = _GroupRun(request, [Completion() for _ in range(request.n)], request.n)
-            prompt_len = len(request.prompt_ids)
+        while self.waiting and len(self.free) >= self.waiting[0].size:
+            group = self.waiting.pop(0)
+            self.unfinished.start(group)
+            prompt_len = len(group.prompt_ids)
             prompts, width = prompts + 1, max(width, prompt_len)
-            for i, target in enumerate(request.lengths):
+            for i, target in enumerate(group.forced_lengths):
                 seq = _Seq(group, i, heapq.heappop(self.free), prompt_len, target, self.steps - 1, self.steps,
                            self.admitted)
                 self.admitted += 1
@@ -206,15 +200,14 @@ class ProfiledGenerator(QueuedSequences):
         self._finish_due(finished)  # a forced length of 1 ends with the prefill's token
         return seconds
 
-    def _finish_due(self, finished: list[GroupResult]) -> None:
+    def _finish_due(self, finished: list[Group]) -> None:
         while self.ends and self.ends[0][0] <= self.steps:
             _, slot = heapq.heappop(self.ends)
             seq = self.running.pop(slot)
             heapq.heappush(self.free, slot)
             self._write_out(seq)
-            seq.group.unfinished -= 1
-            if seq.group.unfinished == 0:
-                finished.append(GroupResult(seq.group.request, seq.group.completions))
+            if self.unfinished.end_one(seq.group):
+                finished.append(seq.group)
 
     def _write_out(self, seq: _Seq) -> None:
         """The completion's tokens (placeholders, one shared list per length: nothing reads them but
@@ -223,7 +216,7 @@ class ProfiledGenerator(QueuedSequences):
         run of tokens under one version, not one per token: the orchestrator reads only their min
         and max (staleness, version_min/max), and min() over 200-entry lists per sample per use
         was a third of the simulation's time."""
-        c = seq.group.completions[seq.index]
+        c = seq.group.samples[seq.index].completion
         length = seq.target
         self.tokens_generated += length  # counted when a sequence ends (the engine counts each step)
         if length not in self.blank:

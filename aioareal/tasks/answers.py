@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .numbers import Reading, canonical, leading, read_last, read_span
 from .latex import clean
+from .numbers import Reading, canonical, leading, read_last, read_span
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rewards_pool import Deferred
+from ..rewards.pool import Deferred
 from .base import Example
 from .reward_functions import WeightedRewards, batch_columns, load_reward_functions
 

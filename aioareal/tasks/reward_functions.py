@@ -28,10 +28,11 @@ import numbers
 import sys
 import threading
 import traceback
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from ..errors import UserError
 from .base import Example, Task

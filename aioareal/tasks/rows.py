@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from inspect import signature
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import DataError, UserError
 from ..io import iter_jsonl

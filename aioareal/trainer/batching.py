@@ -46,7 +46,7 @@ class MicroBatch:
         return 0 if self.filler else self.input_ids.shape[0]
 
     @classmethod
-    def empty(cls, pad_id: int, device: torch.device) -> "MicroBatch":
+    def empty(cls, pad_id: int, device: torch.device) -> MicroBatch:
         """A filler: one two-token row of padding with no loss token, so its loss and gradient are
         exactly zero, but its forward and backward take part in the sharded model's collectives."""
         zeros = torch.zeros(1, 1, device=device)
@@ -54,7 +54,7 @@ class MicroBatch:
                    torch.ones(1, 2, dtype=torch.long, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device),
                    zeros, zeros.clone(), torch.zeros(1, device=device), real_tokens=0, completion_tokens=0, filler=True)
 
-    def halves(self) -> list["MicroBatch"]:
+    def halves(self) -> list[MicroBatch]:
         """Split the rows in two (after an out-of-memory error); a single row stays whole."""
         b = self.input_ids.shape[0]
         if b == 1:
@@ -62,7 +62,7 @@ class MicroBatch:
         cut = b // 2
         return [self._rows(slice(0, cut)), self._rows(slice(cut, b))]
 
-    def _rows(self, rows: slice) -> "MicroBatch":
+    def _rows(self, rows: slice) -> MicroBatch:
         mask = self.loss_mask[rows]
         # Host syncs (two small sums), acceptable here: this runs only after an out-of-memory error.
         # The halves take the padded path (no `share`): smaller, and always valid.

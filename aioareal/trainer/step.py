@@ -3,7 +3,7 @@ metrics.jsonl): advantages -> pack -> fixed log-probs -> per mini-batch, micro-b
 optimizer step -> publish the new version to the generator."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

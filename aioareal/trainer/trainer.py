@@ -22,11 +22,11 @@ from ..errors import UserError
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
+from .logprobs import TokenLogprobs, token_logprobs
+from .objective import Totals, micro_loss
+from .optim import adamw_kind
 from .prefix_tree import use_tree
 from .varlen import use_varlen
-from .logprobs import TokenLogprobs, token_logprobs
-from .optim import adamw_kind
-from .objective import Totals, micro_loss
 
 
 class NonFiniteError(UserError):

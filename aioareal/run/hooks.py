@@ -2,11 +2,12 @@
 The hooks see plain data (`StepReport`, `RunState`) and a few narrow callables, never the parts."""
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from . import checkpoint
-from .checkpoint import RunState
-from .orchestrator import StepReport
+from .. import checkpoint
+from ..checkpoint import RunState
+from ..orchestrator import StepReport
 
 SaveCheckpoint = Callable[[RunState], Awaitable[None]]
 

@@ -26,13 +26,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .. import checkpoint
-from ..checkpoint import SHARDS, RunState
+from ..distributed.sharding import Mirror
+from ..distributed.world import World
 from ..errors import UserError
-from ..safeload import load_plain
-from .safe_dcp import SafeReader
-from .sharding import Mirror
-from .world import World
+from . import local as checkpoint
+from .local import SHARDS, RunState
+from .safe_reader import SafeReader
+from .safeload import load_plain
 
 
 def rng_file(rank: int) -> str:

@@ -23,11 +23,12 @@ import math
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from .config import Config, dump_yaml, to_dict
-from .errors import UserError
+from ..config import Config, dump_yaml, to_dict
+from ..errors import UserError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # tracker -> package
 QUEUE_ROWS = 4096  # rows waiting for the thread; more than a long run's worth of bursts

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .lora import adapted_modules, merged_weight
-from .weightsync import WeightSync
+from ..models.lora import adapted_modules, merged_weight
+from .full import WeightSync
 
 
 class LoraSync(WeightSync):

@@ -7,16 +7,17 @@ process works on B, and the trainer's global reductions make the step the whole 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..build import build_evaluator
 from ..config import Config
+from ..distributed.sharding import Mirror
+from ..distributed.world import World
 from ..errors import ConfigError
-from ..evaluation import EvalSet
 from ..tasks import Task
-from .evaluation import Evaluator, shard_eval_set, sharded_evaluator
-from .sharding import Mirror
-from .world import World
+from .build import build_evaluator
+from .evaluation import EvalSet
+from .sharded_evaluation import Evaluator, shard_eval_set, sharded_evaluator
 
 # Engine seeds of ranks > 0 are offset by this much, so ranks sample differently (rank 0 keeps the
 # configured seed: a one-rank job samples as one process does).

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from .config import Config
+from ..config import Config
+from ..models import eos_token_ids, random_model
+from ..models.shapes import SHAPES
+from ..models.tokenizer import build_char_tokenizer
+from ..tasks.arithmetic import ArithmeticTask
 from .evaluation import EvalSet, evaluate
-from .models import eos_token_ids, random_model
-from .models.shapes import SHAPES
-from .models.tokenizer import build_char_tokenizer
-from .tasks.arithmetic import ArithmeticTask
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
 EVAL_EVERY = 25

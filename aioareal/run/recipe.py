@@ -9,35 +9,47 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from . import checkpoint, lora
-from .build import (Prompts, build_data, build_engine, build_evaluator, build_models, build_prompts, build_rewards,
-                    build_trainer, build_workers, context_length, model_path, resolve_device)
-from .checkpoint import RunState
-from .config import Config, dump_yaml, save_config
-from .dashboard import Dashboard, plain_line, wants_dashboard
-from .devices import cpu_threads, threads_restored
-from .distributed import dcp
-from .distributed.cell import QuietLog, build_sharded_evaluator, cell_config, engine_seed, recorded
-from .distributed.hooks import RankHooks, sharded_saver
-from .distributed.sharding import Mirror
-from .distributed.world import World, current
-from .errors import RunStopped, UserError
-from .generation import Engine
+from .. import checkpoint
+from ..checkpoint import RunState
+from ..checkpoint import sharded as dcp
+from ..config import Config, dump_yaml, save_config
+from ..devices import cpu_threads, threads_restored
+from ..distributed.sharding import Mirror
+from ..distributed.world import World, current
+from ..errors import RunStopped, UserError
+from ..generation import Engine
+from ..models import eos_token_ids, load_tokenizer, lora
+from ..monitor.dashboard import Dashboard, plain_line, wants_dashboard
+from ..monitor.live import LiveState
+from ..monitor.metrics import RunLog
+from ..monitor.trackers import TrackerFeed, check_installed, start_trackers
+from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
+from ..prompts import PromptSource
+from ..rewards.service import RewardService
+from .build import (
+    Prompts,
+    build_data,
+    build_engine,
+    build_evaluator,
+    build_models,
+    build_prompts,
+    build_rewards,
+    build_trainer,
+    build_workers,
+    context_length,
+    model_path,
+    resolve_device,
+)
+from .cell import QuietLog, build_sharded_evaluator, cell_config, engine_seed, recorded
 from .hooks import RunHooks, checkpoint_saver
-from .live import LiveState
-from .metrics import RunLog
-from .models import eos_token_ids, load_tokenizer
-from .orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
-from .prompts import PromptSource
-from .rewards import RewardService
-from .samples import Group
-from .trackers import TrackerFeed, check_installed, start_trackers
+from .rank_hooks import RankHooks, sharded_saver
 
 
 def default_run_dir(config: Config) -> Path:
@@ -151,15 +163,12 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
 async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:
     c = parts.config
 
-    async def score(group: Group, completions: list[list[int]]) -> tuple[list[float], int]:
-        return await parts.rewards.score(completions, [group.example] * len(completions))
-
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups)
     hooks = build_hooks(parts, printer)
     # Under torchrun steps are reported to all ranks and a stop is settled between them (DESIGN rule 7).
     rank_hooks = RankHooks(hooks, parts.world) if parts.world.distributed else None
-    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, score,
+    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, parts.rewards.score_group,
                                 rank_hooks or hooks, resume=parts.resume,
                                 score_counters=parts.rewards.stats.metrics)
     install_stop_signals(rank_hooks or orchestrator)

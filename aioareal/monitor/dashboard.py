@@ -1,6 +1,6 @@
 """The live terminal dashboard, and the plain one-line-per-step format used when there is no TTY.
 
-Design: the dashboard only reads a `Snapshot` (aioareal/live.py), which the event loop builds and
+Design: the dashboard only reads a `Snapshot` (monitor/live.py), which the event loop builds and
 swaps in whole. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there to fetch
 the latest one; everything it draws is formatting of numbers the run already holds. `render` is a pure function of the snapshot
 (and the terminal width, read at render time): sparklines, bars and the busy timelines grow with
@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
@@ -243,7 +244,7 @@ class Dashboard:
     def _renderable(self) -> RenderableType:
         return _Guarded(lambda: render(self.snapshot_fn(), self.header_fn() if self.header_fn else None))
 
-    def __enter__(self) -> "Dashboard":
+    def __enter__(self) -> Dashboard:
         self.live.__enter__()
         return self
 

@@ -9,14 +9,15 @@ resumed run that silently trains under a different config is not the run it clai
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from . import checkpoint
-from .config import Config, load_config, to_dict
-from .distributed.world import current
-from .errors import UserError
-from .run import train
+from .. import checkpoint
+from ..config import Config, load_config, to_dict
+from ..distributed.world import current
+from ..errors import UserError
+from .recipe import train
 
 # Keys a resume may change without --force: they do not change what is being trained (a sharded
 # checkpoint reshards to another number of ranks, whose count config.yaml only records).

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 
 class _JumpingSelector(selectors.DefaultSelector):
-    def __init__(self, loop: "VirtualClockLoop") -> None:
+    def __init__(self, loop: VirtualClockLoop) -> None:
         super().__init__()
         self._loop = loop
 

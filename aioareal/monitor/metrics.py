@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .io import append_jsonl, repair_jsonl
+from ..io import append_jsonl, repair_jsonl
 
 METRICS_FILE, SAMPLES_FILE = "metrics.jsonl", "samples.jsonl"
 

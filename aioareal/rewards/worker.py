@@ -15,9 +15,10 @@ import functools
 import importlib
 import pickle
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .. import checkpoint
 from ..checkpoint import RunState
+from ..checkpoint import sharded as dcp
+from ..distributed.sharding import Mirror
+from ..distributed.world import World
 from ..orchestrator import Hooks, StepReport
-from . import dcp
 from .merge import merge_rows, merge_samples
-from .sharding import Mirror
-from .world import World
 
 COUNTERS = ("cursor", "ledger", "reward_failures")  # what each rank's checkpoint state holds of its own
 

@@ -4,12 +4,12 @@ rate of the whole held-out set, as one process would."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from ..evaluation import EvalSet
-from .reduce import Collective
+from ..distributed.reduce import Collective
+from .evaluation import EvalSet
 
 Evaluator = Callable[[], dict[str, float]]
 

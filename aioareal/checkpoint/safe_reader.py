@@ -22,7 +22,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from ..safeload import UnsafeFile
+from .safeload import UnsafeFile
 
 METADATA_FILE = ".metadata"
 _DCP = "torch.distributed.checkpoint"

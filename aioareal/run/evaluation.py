@@ -1,14 +1,15 @@
 """Held-out evaluation: greedy decoding of every held-out prompt, scored by the task's verifier."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
 
-from .generation import Engine, GroupRequest, SamplingParams
-from .tasks.base import Example
+from ..generation import Engine, SamplingParams
+from ..samples import Group
+from ..tasks.base import Example
 
 
 @dataclass
@@ -37,12 +38,12 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Ex
     # refuses and FSDP or a later `.to()` would silently undo (generation/fusion.py).
     engine = Engine(model, eos_ids, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
                     params=SamplingParams(greedy=True, max_new_tokens=max_new_tokens), fuse=False)
-    for i, ids in enumerate(eval_set.prompt_ids):
-        engine.submit(GroupRequest(i, ids, 1))
+    for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples)):
+        engine.submit(Group(i, ids, 1, example))
     completions: dict[int, list[int]] = {}
     while engine.busy:
-        for result in engine.step():
-            completions[result.request.group_id] = result.completions[0].tokens
+        for group in engine.step():
+            completions[group.group_id] = group.samples[0].tokens
     del engine
     model.train(was_training)
     if model.device.type == "cuda":

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 # Every global a checkpoint of ours names (torch.save, pickle protocol 2): dicts, lists, tuples,
 # numbers and strings need none; tensors need the rebuild function and a typed storage class.

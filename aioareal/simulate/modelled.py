@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
-from typing import Callable, Sized
+from collections.abc import Callable, Sized
+from dataclasses import dataclass
 
-from ..generation import Completion, GroupRequest, GroupResult
-from ..samples import Group
+from ..generation.sequence import GroupTally
+from ..samples import Completion, Group
 
 
 def gsm8k_like_length(rng: random.Random, mean: float = 200.0, cap: int = 1024) -> int:
@@ -22,23 +22,16 @@ def gsm8k_like_length(rng: random.Random, mean: float = 200.0, cap: int = 1024) 
 
 @dataclass
 class _Seq:
-    group: "_GroupRun"
+    group: Group
     target: int
-    completion: Completion = field(default_factory=Completion)
-
-
-@dataclass
-class _GroupRun:
-    request: GroupRequest
-    completions: list[Completion]
-    unfinished: int
+    completion: Completion
 
 
 class QueuedSequences:
     """The read side of the GenerationWorker contract that every simulated generator shares: its
     `waiting` group requests and its `running` sequences."""
 
-    waiting: list[GroupRequest]
+    waiting: list[Group]
     running: Sized
 
     @property
@@ -53,41 +46,39 @@ class QueuedSequences:
 class SimulatedGenerator(QueuedSequences):
     """Decode step time = base + per_seq * running sequences (memory-bound decode)."""
 
-    def __init__(self, slots: int, trainer: "SimulatedTrainer", length: Callable[[random.Random], int],
+    def __init__(self, slots: int, trainer: SimulatedTrainer, length: Callable[[random.Random], int],
                  step_base: float = 0.02, step_per_seq: float = 0.0002, recompute_time: float = 0.05,
                  seed: int = 0) -> None:
         self.slots, self.trainer, self.length = slots, trainer, length
         self.step_base, self.step_per_seq, self.recompute_time = step_base, step_per_seq, recompute_time
         self.rng = random.Random(seed)
-        self.waiting: list[GroupRequest] = []
+        self.waiting: list[Group] = []
+        self.unfinished = GroupTally()
         self.running: list[_Seq] = []
         self.version = 0
         self.tokens_generated = 0
         self.adoptions = 0
         self.phase_seconds: dict[str, float] = {"decode": 0.0}
 
-    def submit(self, request: GroupRequest) -> None:
-        self.waiting.append(request)
+    def submit(self, group: Group) -> None:
+        self.waiting.append(group)
 
     def free_slots(self) -> int:
-        return self.slots - len(self.running) - sum(r.n for r in self.waiting)
+        return self.slots - len(self.running) - sum(g.size for g in self.waiting)
 
-    async def step(self, adopt: bool) -> list[GroupResult]:
+    async def step(self, adopt: bool) -> list[Group]:
         latency = self.step_base + self.step_per_seq * len(self.running)
         if adopt and self.trainer.version > self.version:
             self.version = self.trainer.version
             self.adoptions += 1
             latency += self.recompute_time if self.running else 0.0
-        while self.waiting and self.slots - len(self.running) >= self.waiting[0].n:
-            request = self.waiting.pop(0)
-            group = _GroupRun(request, [], request.n)
-            for _ in range(request.n):
-                seq = _Seq(group, self.length(self.rng))
-                group.completions.append(seq.completion)
-                self.running.append(seq)
+        while self.waiting and self.slots - len(self.running) >= self.waiting[0].size:
+            group = self.waiting.pop(0)
+            for completion in self.unfinished.start(group):
+                self.running.append(_Seq(group, self.length(self.rng), completion))
         await asyncio.sleep(latency)
         self.phase_seconds["decode"] += latency
-        finished: list[GroupResult] = []
+        finished: list[Group] = []
         still: list[_Seq] = []
         for seq in self.running:
             c = seq.completion
@@ -99,9 +90,8 @@ class SimulatedGenerator(QueuedSequences):
                 still.append(seq)
                 continue
             c.finish_reason = "stop"
-            seq.group.unfinished -= 1
-            if seq.group.unfinished == 0:
-                finished.append(GroupResult(seq.group.request, seq.group.completions))
+            if self.unfinished.end_one(seq.group):
+                finished.append(seq.group)
         self.running = still
         return finished
 

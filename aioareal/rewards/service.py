@@ -2,12 +2,12 @@
 
 A call scores one group in two stages, both inside the call's deadline (`timeout_s` from its start):
 
-1. In-process, in a daemon thread (`rewards_threads`, reused): decode, then run the scorer. Bounded work finishes here (the
+1. In-process, in a daemon thread (`threads.py`, reused): decode, then run the scorer. Bounded work finishes here (the
    GSM8K fast path: linear-time answer finding, exact fractions), and so do users' reward
    functions under `reward.isolation=thread`. Python cannot kill a thread: a call that overruns is
    abandoned (`stats.hung`) without holding one of the `workers` slots, and MAX_HUNG of them end
    the run rather than pile up threads that compete for the GIL.
-2. In worker processes (`rewards_pool`): what the scorer handed back as a `Deferred` (math-verify,
+2. In worker processes (`pool.py`): what the scorer handed back as a `Deferred` (math-verify,
    or users' functions under `reward.isolation=process`). The pool kills and replaces a worker
    whose job still runs at the deadline, so a sympy call that never returns costs one timeout.
 
@@ -24,19 +24,29 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Protocol
 
-from .errors import UserError
-from .rewards_pool import Deferred, Outcome, WorkerPool, shared_pool
-from .rewards_threads import DaemonThreads
+from ..errors import UserError
+from .pool import Deferred, Outcome, WorkerPool, shared_pool
+from .threads import DaemonThreads
 
 MAX_HUNG = 64  # stage-1 threads still running after their timeout, beyond which the run stops
 GRACE_S = 2.0  # how long past the deadline to wait for the pool to report a kill (it never should)
 
 # completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
 BatchScorer = Callable[[list[str], list[Any]], Any]
+
+
+class Scoreable(Protocol):
+    """What `score_group` reads of a finished group (`samples.Group`, a layer above, is one)."""
+
+    example: Any
+
+    @property
+    def completions(self) -> Sequence[Any]: ...  # each with its `tokens`
 
 
 @dataclass
@@ -74,6 +84,11 @@ class RewardService:
             self._pool = shared_pool(self.workers)
         return self._pool
 
+    async def score_group(self, group: Scoreable) -> tuple[list[float], int]:
+        """Scores of a finished group's completions against its example, and how many failed."""
+        completions = [c.tokens for c in group.completions]
+        return await self.score(completions, [group.example] * len(completions))
+
     async def score(self, completions: list[list[int]], examples: Sequence[Any]) -> tuple[list[float], int]:
         """Scores for a group's completions and the number of them whose check failed (scored 0)."""
         async with self._slot():  # at most `workers` stage-1 threads; a hung one gives its slot back
@@ -89,7 +104,7 @@ class RewardService:
 
     def close(self) -> None:
         """Nothing to shut down here: stage-1 threads are daemons; worker pools end at interpreter exit
-        (`rewards_pool`), or with the `close` of whoever made them."""
+        (`pool.py`), or with the `close` of whoever made them."""
 
     # --- stage 1: in-process ----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Checkpoints: written to a temporary directory and renamed, so a crash leaves the previous one
 intact (DESIGN rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
 as is); optimizer, scheduler, RNG states and the run's counters go beside it. A LoRA run also
-saves its adapter in PEFT format, and `policy/` holds the merged weights (lora.py).
+saves its adapter in PEFT format, and `policy/` holds the merged weights (models/lora.py).
 
     runs/NAME/checkpoints/step-000040/
         policy/         config.json, model.safetensors, tokenizer files
@@ -21,15 +21,16 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from . import lora
-from .distributed.safe_dcp import check_shards
-from .io import atomic_write_text
+from ..io import atomic_write_text
+from ..models import lora
+from .safe_reader import check_shards
 from .safeload import UnsafeFile, load_plain
 
 PREFIX = "step-"

@@ -6,7 +6,7 @@ So work that may run unbounded is handed over as a `Deferred` ('module:function'
 and runs in a worker; the cheap numeric checks stay in-process.
 
 Design, and what it costs:
-- Workers are spawned (`rewards_spawn`) and reused across jobs; they import only the standard
+- Workers are spawned (`spawn.py`) and reused across jobs; they import only the standard
   library, `preload`, and what their jobs name.
 - One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their pipes
   and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On expiry it
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .rewards_spawn import CONTEXT, start_worker
-from .rewards_worker import Deferred, Outcome, serve
+from .spawn import CONTEXT, start_worker
+from .worker import Deferred, Outcome, serve
 
 __all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
 MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the pool gives up

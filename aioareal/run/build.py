@@ -4,34 +4,33 @@ the trainer and the workers the same way."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from transformers import PreTrainedModel
 
-from . import lora
-from .checkpoint import ADAPTER_DIR, POLICY_DIR
-from .config import Config
-from .devices import resolve_device  # noqa: F401  (run.py imports it from here)
-from .distributed.reduce import LOCAL, Global
-from .distributed.sharding import shard_policy
-from .distributed.world import World
-from .errors import UserError
+from ..checkpoint import ADAPTER_DIR, POLICY_DIR
+from ..config import Config
+from ..devices import resolve_device  # noqa: F401  (run.py imports it from here)
+from ..distributed.reduce import LOCAL, Global
+from ..distributed.sharding import shard_policy
+from ..distributed.world import World
+from ..errors import UserError
+from ..generation import Engine, SamplingParams
+from ..generation.fused_sampling import fused_sampler_enabled
+from ..models import load_model, lora, resolve_dtype
+from ..orchestrator import EngineWorker, TrainerWorker
+from ..rewards.service import RewardService
+from ..tasks import PromptRenderer, Task, build_scorer, build_task
+from ..tasks.base import Example
+from ..trainer import Trainer
+from ..trainer.compiled import compile_layers
+from ..trainer.logprobs import TokenLogprobs
+from ..weightsync.full import WeightSync
+from ..weightsync.lora import LoraSync
 from .evaluation import EvalSet, evaluate
-from .generation import Engine, SamplingParams
-from .generation.fused_sampling import fused_sampler_enabled
-from .models import load_model, resolve_dtype
-from .orchestrator import EngineWorker, TrainerWorker
-from .rewards import RewardService
-from .tasks import PromptRenderer, Task, build_scorer, build_task
-from .tasks.base import Example
-from .trainer import Trainer
-from .trainer.compiled import compile_layers
-from .trainer.logprobs import TokenLogprobs
-from .lorasync import LoraSync
-from .weightsync import WeightSync
 
 Log = Callable[[str], None]
 
@@ -135,7 +134,7 @@ def build_models(config: Config, start: str, resume_from: Path | None, gen_devic
 
 def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_device: torch.device,
                       train_device: torch.device) -> Models:
-    """LoRA (lora.py): the base loads once per side, frozen in the compute dtype on the trainer
+    """LoRA (models/lora.py): the base loads once per side, frozen in the compute dtype on the trainer
     (bf16 on CUDA: no fp32 master of it), with adapters from `resume_from` or fresh ones; the
     generator holds the base, and the weight sync merges the adapters into it. The KL reference
     is the same model with its adapters off."""
@@ -202,7 +201,7 @@ def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
                   evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
     them after a resume restored the trainer: they start at its version."""
-    # With LoRA the generator receives merged weights, only of the adapted matrices (lorasync.py).
+    # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/lora.py).
     sync = (LoraSync if lora.is_lora(trainer.model) else WeightSync)(trainer.model, gen_model)
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
     return EngineWorker(engine, sync), TrainerWorker(trainer, sync, evaluate)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..config import Config
 from ..devices import resolve_device
+from ..distributed.env import launched_by_torchrun
+from ..distributed.world import World, current, init, is_collective_failure, rank_error, teardown
 from ..errors import RunStopped, UserError
-from .env import launched_by_torchrun
-from .world import World, current, init, is_collective_failure, rank_error, teardown
 
 
 @contextlib.contextmanager

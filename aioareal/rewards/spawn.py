@@ -2,7 +2,7 @@
 
 Spawn (not fork: the parent holds CUDA state and threads) starts a fresh interpreter, and by default
 re-runs the parent's `__main__` script in it, so that functions defined there can be unpickled. A
-reward worker needs none of that: it runs `rewards_worker.serve` and imports what its jobs name.
+reward worker needs none of that: it runs `worker.serve` and imports what its jobs name.
 Re-running a user's training script would import torch in every worker and, without an
 `if __name__ == "__main__":` guard, start the training again (a TRL user calling `gsm8k_reward`
 from a plain script). So, for our workers only (a thread-local flag set around our own `start`),
@@ -18,7 +18,7 @@ from multiprocessing import spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .rewards_worker import serve
+from .worker import serve
 
 CONTEXT = multiprocessing.get_context("spawn")
 _without_main = threading.local()

@@ -1,0 +1,37 @@
+"""Checkpoints: atomic local ones (`local`), sharded ones written by several ranks (`sharded`, on
+torch.distributed.checkpoint), the readers that never run code from a file (`safeload`,
+`safe_reader`) and every decision a `--resume` takes (`resume`). The local API is re-exported here:
+`checkpoint.save(...)`, `checkpoint.latest_readable(...)`."""
+from .local import (
+                    ADAPTER_DIR,
+                    DONE_FILE,
+                    POLICY_DIR,
+                    PREFIX,
+                    SHARDS,
+                    RunState,
+                    begin,
+                    broken_checkpoints,
+                    check_readable,
+                    checkpoint_dir,
+                    clear_done,
+                    commit,
+                    is_done,
+                    latest_checkpoint,
+                    latest_readable,
+                    list_checkpoints,
+                    load_rng,
+                    load_state,
+                    load_trainer_state,
+                    mark_done,
+                    restore,
+                    restore_rng,
+                    rng_state,
+                    save,
+                    temp_dir,
+                    write_policy,
+)
+
+__all__ = ["ADAPTER_DIR", "DONE_FILE", "POLICY_DIR", "PREFIX", "SHARDS", "RunState", "begin", "broken_checkpoints",
+           "check_readable", "checkpoint_dir", "clear_done", "commit", "is_done", "latest_checkpoint",
+           "latest_readable", "list_checkpoints", "load_rng", "load_state", "load_trainer_state", "mark_done",
+           "restore", "restore_rng", "rng_state", "save", "temp_dir", "write_policy"]

@@ -1,0 +1,2 @@
+"""Trainer -> generator weight publishing: `full` (every parameter, staged on a dedicated stream) and
+`lora` (merged adapter matrices only)."""
