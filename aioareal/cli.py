@@ -53,8 +53,10 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
+    from .checkpoint.resume import check_unchanged, resume_config, resume_target
+    from .run.cell import cell_for
     from .run.recipe import train
-    from .run.resume import check_unchanged, resume, resume_config, resume_target
+    from .run.resume import resume
     from .run.session import session
 
     target = resume_target(args.resume, args.run_dir, args.config)
@@ -63,10 +65,11 @@ def _train(args: argparse.Namespace) -> int:
     if target and args.config:  # --resume auto with the config the run was started from
         check_unchanged(config, load(args), args.force)
     with session(config) as world:
+        cell = cell_for(world)  # one process, or this rank's cell of a torchrun job
         if target:
-            resume(target, args.overrides, flags, args.force, log=print if world.is_main else _quiet)
+            resume(target, args.overrides, flags, args.force, log=print if cell.is_main else _quiet, cell=cell)
         else:
-            train(config)
+            train(config, cell=cell)
     return 0
 
 

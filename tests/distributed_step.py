@@ -22,6 +22,7 @@ from aioareal.config import load_config
 from aioareal.distributed import world as worlds
 from aioareal.distributed.sharding import full_tensor
 from aioareal.run.build import build_models, build_trainer
+from aioareal.run.cell import cell_for
 from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import logprobs, train_step
@@ -50,7 +51,7 @@ def global_batch(groups: int = 4, size: int = 4) -> list[Group]:
 def one_step(world: worlds.World, device: torch.device) -> dict:
     config = load_config(overrides=OVERRIDES)
     models = build_models(config, config.model.name, None, device, device)
-    trainer = build_trainer(config, models, pad_id=0, world=world)
+    trainer = build_trainer(config, models, pad_id=0, shard=cell_for(world).shard)
     fillers = []
     pack = trainer.pack
     trainer.pack = lambda groups: _counted(pack(groups), fillers)

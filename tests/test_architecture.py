@@ -1,5 +1,6 @@
-"""House checks on the package's shape: no import cycle among aioareal/ modules (lazy imports inside
-functions and under `if TYPE_CHECKING:` included), no file over 300 lines, no function over 50."""
+"""House checks on the package's shape: every import points down the layers (LAYERS, lazy imports
+inside functions and under `if TYPE_CHECKING:` included), no import cycle, at most 12 modules loose at
+the package root, no file over 300 lines, no function over 50."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +9,30 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "aioareal"
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
+MAX_ROOT_MODULES = 12
+
+# Lowest first: a module may import its own layer and the layers below it, never one above. A
+# package is named for all its modules; a new package or root module must be placed here.
+LAYERS = [
+    ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.losses"],
+    ["aioareal.config"],
+    ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
+    ["aioareal.models"],
+    ["aioareal.rewards"],  # the service and its worker processes (the grader runs in them)
+    ["aioareal.tasks", "aioareal.prompts"],
+    ["aioareal.samples"],  # the Group record: an example in, completions, rewards, advantages
+    ["aioareal.generation"],
+    ["aioareal.checkpoint"],
+    ["aioareal.weightsync"],
+    ["aioareal.trainer"],
+    ["aioareal.orchestrator"],
+    ["aioareal.monitor"],
+    ["aioareal.run"],
+    ["aioareal.simulate"],
+    ["aioareal.bench"],
+    ["aioareal.experiments"],
+    ["aioareal.cli", "aioareal.__main__", "aioareal"],
+]
 
 
 def module_name(path: Path) -> str:
@@ -124,6 +149,45 @@ def test_no_import_cycles():
                 shown.update(cycle)
                 report += [f"    {a} -> {b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
     assert not report, "\n" + "\n".join(report)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the longest name that is `module` or a package holding it."""
+    best: tuple[int, int] | None = None
+    for index, names in enumerate(LAYERS):
+        for name in names:
+            if is_ancestor(name, module) and (best is None or len(name) > best[1]):
+                best = (index, len(name))
+    return None if best is None else best[0]
+
+
+def upward_imports(graph: dict[str, dict[str, str]]) -> list[str]:
+    return [f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)}) at {where}"
+            for module, targets in sorted(graph.items()) for target, where in sorted(targets.items())
+            if layer_of(target) > layer_of(module)]
+
+
+def test_every_module_has_a_layer():
+    unplaced = [m for m in package_modules() if layer_of(m) is None]
+    assert not unplaced, f"modules in no layer of LAYERS (place them): {unplaced}"
+
+
+def test_every_import_points_down_the_layers():
+    upward = upward_imports(import_graph())
+    assert not upward, "\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
+                                       "aioareal.losses": "aioareal/trainer/step.py:10"},
+             "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
+    assert upward_imports(graph) == ["aioareal.trainer.step (layer 10) imports aioareal.run.build (layer 13) "
+                                     "at aioareal/trainer/step.py:9"]
+
+
+def test_few_modules_sit_at_the_package_root():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= MAX_ROOT_MODULES, f"{len(loose)} modules at the root (give each a shelf): {loose}"
 
 
 def test_no_file_over_300_lines():

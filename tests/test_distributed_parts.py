@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from aioareal.checkpoint import RunState
+from aioareal.checkpoint.resume import resume_target
 from aioareal.checkpoint.safe_reader import check_shards, read_metadata
 from aioareal.checkpoint.safeload import UnsafeFile
 from aioareal.checkpoint.sharded import rank_state
@@ -23,12 +24,12 @@ from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
 from aioareal.orchestrator import StepReport
 from aioareal.prompts import PromptSource
-from aioareal.run.cell import cell_config
+from aioareal.run.cell import LocalCell, cell_for
 from aioareal.run.merge import merge_rows, merge_samples
 from aioareal.run.rank_hooks import RankHooks
 from aioareal.run.recipe import train
-from aioareal.run.resume import resume_target
 from aioareal.run.session import session
+from aioareal.run.sharded_cell import cell_config
 from aioareal.tasks.base import Example
 
 TWO = World(rank=0, size=2, control=object())  # a stand-in: only the rank and size are read
@@ -53,7 +54,7 @@ def test_cell_config_gives_each_rank_its_share_of_whole_groups():
     config = load_config(overrides=["algo.batch_groups=8", "algo.minibatches=2"])
     cell = cell_config(config, TWO)
     assert (cell.algo.batch_groups, cell.dist.world_size, config.algo.batch_groups) == (4, 2, 8)
-    assert cell_config(config, World()) is config
+    assert LocalCell().config(config) is config and cell_for(World()).config(config) is config
     with pytest.raises(ConfigError, match="algo.batch_groups.*divisible by the number of ranks \\(3\\)"):
         cell_config(config, World(size=3, control=object()))
     with pytest.raises(ConfigError, match="algo.minibatches"):

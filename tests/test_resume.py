@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from aioareal import checkpoint
+from aioareal.checkpoint.resume import resume_config
 from aioareal.errors import UserError
-from aioareal.run.resume import resume_config
 
 STEPS = 8
 ARGS = ["--steps", str(STEPS), "run.checkpoint_every=1", "eval.every=4", "algo.batch_groups=8",

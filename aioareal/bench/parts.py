@@ -16,7 +16,7 @@ from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunCon
 from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompts import PromptSource
 from ..run.build import Models, build_engine, build_trainer, build_workers, context_length
-from ..run.recipe import run_event_loop
+from ..run.events import run_event_loop
 from ..samples import Group
 from ..tasks.base import Example
 from .gen import eos_ids

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import UserError
 from ..run.build import Models, build_engine, build_trainer, build_workers
-from ..run.recipe import run_event_loop
+from ..run.events import run_event_loop
 from ..simulate.profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 from .e2e import setup_arguments
 from .gen import eos_ids

@@ -13,10 +13,7 @@ from transformers import PreTrainedModel
 
 from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
-from ..devices import resolve_device  # noqa: F401  (run.py imports it from here)
-from ..distributed.reduce import LOCAL, Global
-from ..distributed.sharding import shard_policy
-from ..distributed.world import World
+from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..generation import Engine, SamplingParams
 from ..generation.fused_sampling import fused_sampler_enabled
@@ -165,6 +162,13 @@ def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int,
     return max_len
 
 
+def engine_context(config: Config, model: PreTrainedModel, prompts: Prompts) -> int:
+    """The engine's KV cache is sized by the longest prompt actually present, not by the configured limit."""
+    longest = max(len(ids) for ids in [*prompts.train_ids.values(), *prompts.eval_set.prompt_ids])
+    new_tokens = max(config.generation.max_new_tokens, config.eval.max_new_tokens or 0)
+    return context_length(model, longest, new_tokens, "the longest prompt + generation.max_new_tokens")
+
+
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
                  compile: bool | None = None, timed: bool = True, seed: int | None = None,
                  fuse: bool = True) -> Engine:
@@ -182,14 +186,20 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
                   fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
 
 
-def build_trainer(config: Config, models: Models, pad_id: int, world: World = World()) -> Trainer:
-    """Under torchrun the trainer's model is sharded over the ranks (FSDP2) before the optimizer
-    is built on its shards, and its normalisers and statistics are reduced over them."""
-    policy, collective = TokenLogprobs(models.train), LOCAL
-    if world.distributed:
-        device = next(models.train.parameters()).device
-        shard_policy(policy, models.train, device, models.compute_dtype)
-        collective = Global(device)
+# (the trainer's policy module, its model, the compute dtype) -> the collective its sums use. One
+# process keeps the whole model; a torchrun rank's cell shards it (run/sharded_cell.py).
+Shard = Callable[[torch.nn.Module, PreTrainedModel, torch.dtype], Collective]
+
+
+def keep_whole(policy: torch.nn.Module, model: PreTrainedModel, compute_dtype: torch.dtype) -> Collective:
+    return LOCAL
+
+
+def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = keep_whole) -> Trainer:
+    """`shard` places the trainer's model before the optimizer is built on it (under torchrun: FSDP2
+    over the ranks, and global normalisers and statistics)."""
+    policy = TokenLogprobs(models.train)
+    collective = shard(policy, models.train, models.compute_dtype)
     if config.train.compile:  # after sharding: FSDP2's hooks stay eager around each compiled layer
         compile_layers(models.train)
     return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,

@@ -1,76 +1,125 @@
-"""One rank's cell: what `run.train` builds differently under torchrun (DESIGN rule 7).
-
-The config a rank runs is the job's with `algo.batch_groups` divided by the number of ranks:
-each rank's admission gate, engine, buffer and trainer work on their B / N groups, exactly as one
-process works on B, and the trainer's global reductions make the step the whole batch's.
+"""The process shape, decided once (DESIGN rule 7). A process is one *cell*: a generator device, a
+trainer device, one event loop, one admission gate. `LocalCell` is the whole job in one process;
+`ShardedCell` (sharded_cell.py) is one torchrun rank's cell of a larger job, its trainer one FSDP2
+shard. `current_cell()` is the one place that asks which; setup, checkpoints, hooks and outputs ask
+the cell they were given, so each difference between the two shapes is a method here, side by side.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
+import torch
+from torch import nn
+
+from .. import checkpoint
+from ..checkpoint import RunState
+from ..checkpoint import sharded as sharded_checkpoint
 from ..config import Config
-from ..distributed.sharding import Mirror
-from ..distributed.world import World
-from ..errors import ConfigError
+from ..devices import resolve_device
+from ..distributed.reduce import LOCAL, Collective
+from ..distributed.world import World, current
+from ..monitor.metrics import RunLog
+from ..monitor.trackers import TrackerFeed, start_trackers
+from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
 from .build import build_evaluator
 from .evaluation import EvalSet
-from .sharded_evaluation import Evaluator, shard_eval_set, sharded_evaluator
+from .events import Stoppable
+from .hooks import SaveCheckpoint, checkpoint_saver
 
-# Engine seeds of ranks > 0 are offset by this much, so ranks sample differently (rank 0 keeps the
-# configured seed: a one-rank job samples as one process does).
-RANK_SEED_STRIDE = 1_000_003
+T = TypeVar("T")
+Evaluator = Callable[[], dict[str, float]]
 
 
-def cell_config(config: Config, world: World) -> Config:
-    """The config this rank runs: B / N groups per step; the job's own when it is one process."""
-    if not world.distributed:
+class Cell(Protocol):
+    """What setup and the run ask about the process shape (`LocalCell`, `ShardedCell`)."""
+
+    world: World
+
+    @property
+    def is_main(self) -> bool: ...  # writes the outputs and prints; every other rank is quiet
+    def config(self, config: Config) -> Config: ...  # the config this process runs
+    def recorded(self, config: Config) -> Config: ...  # the job's config as config.yaml records it
+    def main_decides(self, fn: Callable[[], T]) -> T: ...
+    def device(self, setting: str, side: str, config: Config) -> torch.device: ...
+    def engine_seed(self, config: Config) -> int: ...
+    def shard(self, policy: nn.Module, model: nn.Module, compute_dtype: torch.dtype) -> Collective: ...
+    def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
+                  decode: Callable[[list[int]], str], eos: list[int]) -> Evaluator: ...
+    def restore(self, path: Path, trainer: Any, engine: Any, config: Config) -> RunState: ...
+    def run_log(self, run_dir: Path, resume_step: int | None) -> Any: ...
+    def trackers(self, config: Config, run_dir: Path) -> TrackerFeed: ...
+    def saver(self, run_dir: Path, trainer_worker: Any, engine_generator: Any, tokenizer: Any,
+              keep: int) -> SaveCheckpoint: ...
+    def hooks(self, hooks: Hooks) -> Hooks: ...
+    def stop_target(self, orchestrator: Orchestrator) -> Stoppable: ...
+    def close(self) -> None: ...
+
+
+class LocalCell:
+    """The whole job in one process: torch.distributed is never touched."""
+
+    world = World()
+    is_main = True
+
+    def config(self, config: Config) -> Config:
         return config
-    batch, ranks = config.algo.batch_groups, world.size
-    if config.model.lora_rank:
-        # The FSDP2 wrapping, the mirror and the sharded checkpoint all assume full fine-tuning.
-        raise ConfigError("model.lora_rank", f"LoRA is not supported under torchrun yet; set model.lora_rank=0 "
-                          f"or run one process, got {config.model.lora_rank}")
-    if batch % ranks:
-        raise ConfigError("algo.batch_groups", f"must be divisible by the number of ranks ({ranks}): each rank "
-                          f"trains batch_groups / {ranks} whole groups (a group never splits across ranks), got {batch}")
-    local = batch // ranks
-    if local % config.algo.minibatches:
-        raise ConfigError("algo.minibatches", f"must divide the groups each rank trains (algo.batch_groups / ranks "
-                          f"= {local}), got {config.algo.minibatches}")
-    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, batch_groups=local),
-                               dist=dataclasses.replace(config.dist, world_size=ranks))
 
+    def recorded(self, config: Config) -> Config:
+        return dataclasses.replace(config, dist=dataclasses.replace(config.dist, world_size=0))
 
-def recorded(config: Config, world: World) -> Config:
-    """The job's config as config.yaml records it: with the number of ranks it ran on."""
-    return dataclasses.replace(config, dist=dataclasses.replace(
-        config.dist, world_size=world.size if world.distributed else 0))
+    def main_decides(self, fn: Callable[[], T]) -> T:
+        return fn()
 
+    def device(self, setting: str, side: str, config: Config) -> torch.device:
+        return resolve_device(setting, side)
 
-def engine_seed(config: Config, world: World) -> int:
-    return config.run.seed + RANK_SEED_STRIDE * world.rank
+    def engine_seed(self, config: Config) -> int:
+        return config.run.seed
 
+    def shard(self, policy: nn.Module, model: nn.Module, compute_dtype: torch.dtype) -> Collective:
+        return LOCAL  # the trainer holds the whole model; its sums are its own
 
-def build_sharded_evaluator(config: Config, mirror: Mirror, trainer: Any, eval_set: EvalSet, task: Task,
-                            decode: Callable[[list[int]], str], eos: list[int], world: World) -> Evaluator:
-    """Every N-th held-out prompt on this rank, on the mirror's gathered weights; sums all-reduced."""
-    shard = shard_eval_set(eval_set, world.rank, world.size)
-    evaluate_shard = build_evaluator(config, mirror.model, shard, task, decode, eos)
-    return sharded_evaluator(evaluate_shard, lambda: mirror.refresh(trainer.model), len(shard.examples),
-                             trainer.collective)
+    def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
+                  decode: Callable[[list[int]], str], eos: list[int]) -> Evaluator:
+        return build_evaluator(config, trainer.model, eval_set, task, decode, eos)
 
+    def restore(self, path: Path, trainer: Any, engine: Any, config: Config) -> RunState:
+        if (path / checkpoint.SHARDS).is_dir():  # written by several ranks: one process reads every shard
+            return sharded_checkpoint.restore(path, trainer, engine, self.world, config.algo.batch_groups)
+        return checkpoint.restore(path, trainer, engine)
 
-class QuietLog:
-    """The run log of ranks other than 0: rank 0 writes metrics.jsonl and samples.jsonl for all."""
+    def run_log(self, run_dir: Path, resume_step: int | None) -> RunLog:
+        return RunLog(run_dir, resume_step=resume_step)
 
-    def step(self, row: dict[str, Any]) -> None:
-        pass
+    def trackers(self, config: Config, run_dir: Path) -> TrackerFeed:
+        return start_trackers(config, run_dir)
 
-    def samples(self, rows: list[dict[str, Any]]) -> None:
-        pass
+    def saver(self, run_dir: Path, trainer_worker: Any, engine_generator: Any, tokenizer: Any,
+              keep: int) -> SaveCheckpoint:
+        return checkpoint_saver(run_dir, trainer_worker, engine_generator, tokenizer, keep)
+
+    def hooks(self, hooks: Hooks) -> Hooks:
+        return hooks
+
+    def stop_target(self, orchestrator: Orchestrator) -> Stoppable:
+        return orchestrator  # a signal stops this process's orchestrator after its current step
 
     def close(self) -> None:
         pass
+
+
+def cell_for(world: World) -> Cell:
+    """The one place that asks whether this process is a torchrun rank."""
+    if not world.distributed:
+        return LocalCell()
+    from .sharded_cell import ShardedCell  # FSDP2 and DCP load only under torchrun
+
+    return ShardedCell(world)
+
+
+def current_cell() -> Cell:
+    return cell_for(current())

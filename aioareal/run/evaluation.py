@@ -1,12 +1,18 @@
-"""Held-out evaluation: greedy decoding of every held-out prompt, scored by the task's verifier."""
+"""Held-out evaluation: greedy decoding of every held-out prompt, scored by the task's verifier.
+
+On several ranks each rank scores every N-th held-out prompt on the full weights (gathered into its
+`Mirror`), and the sums are all-reduced, so every rank reports the pass rate of the whole held-out
+set, as one process would (`shard_eval_set`, `sharded_evaluator`)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
+from ..distributed.reduce import Collective
 from ..generation import Engine, SamplingParams
 from ..samples import Group
 from ..tasks.base import Example
@@ -51,3 +57,26 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Ex
     scores = [score(decode(completions[i]), ex) for i, ex in enumerate(eval_set.examples)]
     lengths = [len(completions[i]) for i in range(len(eval_set.examples))]
     return EvalResult(sum(scores) / len(scores), sum(lengths) / len(lengths), len(scores))
+
+
+Evaluator = Callable[[], dict[str, float]]
+
+
+def shard_eval_set(eval_set: EvalSet, rank: int, size: int) -> EvalSet:
+    return EvalSet(eval_set.examples[rank::size], eval_set.prompt_ids[rank::size])
+
+
+def sharded_evaluator(evaluate_shard: Evaluator, refresh: Callable[[], object], shard_size: int,
+                      collective: Collective) -> Evaluator:
+    """`evaluate_shard` scores this rank's shard (`shard_size` prompts) on the weights `refresh`
+    gathers; both `refresh` and the reduction are collectives, run on the trainer's thread."""
+    def run() -> dict[str, float]:
+        refresh()
+        local = evaluate_shard() if shard_size else {"eval_pass_rate": 0.0, "eval_len_mean": 0.0}
+        sums = torch.tensor([local["eval_pass_rate"] * shard_size, local["eval_len_mean"] * shard_size, shard_size],
+                            dtype=torch.float64)
+        passed, length, n = collective.sum_(sums).tolist()
+        if n == 0:
+            return {"eval_pass_rate": math.nan, "eval_len_mean": 0.0}
+        return {"eval_pass_rate": passed / n, "eval_len_mean": length / n}
+    return run

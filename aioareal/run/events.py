@@ -1,0 +1,62 @@
+"""The run's event loop and what reaches the terminal: uvloop when installed, the stop signals
+(Ctrl-C, SIGTERM), and the plain per-step lines."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..monitor.dashboard import plain_line
+
+
+class Stoppable(Protocol):
+    stop_requested: bool
+
+    def request_stop(self, signum: int = 2) -> None: ...
+
+
+def install_stop_signals(target: Stoppable) -> None:
+    """First Ctrl-C / SIGTERM: finish the current step, checkpoint, exit cleanly. Second: exit now.
+    `target` is the orchestrator, or under torchrun the rank's hooks, which stop every rank after one
+    step (the cell says which)."""
+    loop = asyncio.get_running_loop()
+
+    def stop(signum: int) -> None:
+        if target.stop_requested:
+            # Immediate exit is safe: checkpoints are renamed into place and metrics lines are
+            # single appends that a resume repairs.
+            print("exiting now", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
+              "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+        target.request_stop(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            return
+
+
+def run_event_loop(coro: Any) -> Any:
+    """asyncio.run on uvloop when it is installed (faster loop internals), plain asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def quiet(*_: Any) -> None:
+    pass
+
+
+def step_printer(log: Callable[[str], None], steps: int, evals_only: bool) -> Callable[[dict[str, Any]], None]:
+    """One plain line per step; above a dashboard (which shows the rest) only evaluation steps."""
+    def print_row(row: dict[str, Any]) -> None:
+        if not evals_only or row.get("eval_pass_rate") is not None:
+            log(plain_line(row, steps))
+    return print_row
