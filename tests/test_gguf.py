@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from importlib import metadata
 from pathlib import Path
 
@@ -71,6 +72,25 @@ def test_conversion_equals_transformers_gguf_load_and_the_source_model(tiny):
     with safe_open(str(cached / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in f.keys()  # ... and is stored once
     assert "quantization_config" not in json.loads((cached / "config.json").read_text())
+
+
+def test_nothing_is_unpickled_on_the_way(tiny, monkeypatch):
+    def refuse(*_, **__):
+        raise AssertionError("unpickled something")
+    # The entry points every unpickling path goes through (torch.load included) refuse while a file converts and loads.
+    for module, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(module, name, refuse)
+    path, _ = tiny
+    load_model(str(path), torch.float32, CPU)  # conversion, then the cached load
+    load_tokenizer(str(path))
+
+
+def test_an_unwritable_cache_says_which_variable_to_set(tiny, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(gguf_cache.ENV_CACHE, str(blocker / "cache"))
+    with pytest.raises(UserError, match=f"cannot write the GGUF cache {blocker}/cache/gguf .*; set AIOAREAL_CACHE_DIR"):
+        resolve_source(str(tiny[0]))
 
 
 def test_load_model_and_tokenizer_take_a_gguf_path(tiny):

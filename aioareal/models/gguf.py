@@ -63,7 +63,11 @@ def cached_gguf(path: Path) -> Path:
     entry = cache_root() / "gguf" / digest[:KEY_DIGITS]
     if _complete(entry):
         return entry
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write the GGUF cache {entry.parent} ({e.strerror}); set {ENV_CACHE} "
+                        "to a writable directory") from None
     with open(entry.parent / f".{entry.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not _complete(entry):  # another process may have built it while this one waited
