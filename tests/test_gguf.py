@@ -153,6 +153,14 @@ def test_a_changed_file_gets_a_new_entry_and_a_copy_shares_one(tiny, cache_dir, 
     assert second != first and len(entries(cache_dir)) == 2 and len(conversions) == 2
 
 
+def test_an_entry_of_an_older_conversion_is_rebuilt(tiny, conversions):
+    path, _ = tiny
+    manifest = Path(resolve_source(str(path))) / gguf_cache.MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format": gguf_cache.FORMAT - 1}))
+    assert Path(resolve_source(str(path))) == manifest.parent and len(conversions) == 2
+    assert json.loads(manifest.read_text())["format"] == gguf_cache.FORMAT
+
+
 def test_a_killed_conversion_leaves_nothing_trusted(tiny, cache_dir, monkeypatch):
     path, _ = tiny
 

@@ -61,7 +61,7 @@ def cached_gguf(path: Path) -> Path:
     """The converted directory for the GGUF file at `path`, converting it first if needed."""
     digest = file_digest(path)
     entry = cache_root() / "gguf" / digest[:KEY_DIGITS]
-    if _complete(entry):
+    if _complete(entry, digest):
         return entry
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,7 @@ def cached_gguf(path: Path) -> Path:
                         "to a writable directory") from None
     with open(entry.parent / f".{entry.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not _complete(entry):  # another process may have built it while this one waited
+        if not _complete(entry, digest):  # another process may have built it while this one waited
             _build(path, entry, digest)
     return entry
 
@@ -91,9 +91,14 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
     return sha.hexdigest()
 
 
-def _complete(entry: Path) -> bool:
+def _complete(entry: Path, digest: str) -> bool:
+    """An entry is trusted once its manifest, written last before the rename, names this file's
+    contents and the current conversion."""
     manifest = entry / MANIFEST
-    return manifest.is_file() and json.loads(manifest.read_text()).get("format") == FORMAT
+    if not manifest.is_file():
+        return False
+    made = json.loads(manifest.read_text())
+    return made.get("format") == FORMAT and made.get("sha256") == digest
 
 
 def _build(path: Path, entry: Path, digest: str) -> None:
@@ -108,7 +113,7 @@ def _build(path: Path, entry: Path, digest: str) -> None:
         manifest = {"format": FORMAT, "source": str(path.resolve()), "sha256": digest,
                     "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - start, 1)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if entry.exists():  # an entry of an older FORMAT: replaced, never merged
+        if entry.exists():  # an entry of an older FORMAT (or another file's): replaced, never merged
             shutil.rmtree(entry)
         os.rename(tmp, entry)
     finally:
