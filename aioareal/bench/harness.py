@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 from ..errors import UserError
 from ..models import load_model, random_model, resolve_dtype
 from ..models.loading import RANDOM_PREFIX
+from ..models.named import NAMED
 from ..models.shapes import SHAPES
 
 
@@ -41,12 +42,14 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def build_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:
-    """A named shape (random weights: throughput does not depend on them) or a local model directory."""
+    """A named shape (random weights: throughput does not depend on them), a named offline model, or a
+    local model directory or GGUF file (loading.py resolves the last three)."""
     shape = name[len(RANDOM_PREFIX):] if name.startswith(RANDOM_PREFIX) else name
     if shape in SHAPES:
         return random_model(shape, dtype, device, seed)
-    if not Path(name).expanduser().exists():
-        raise UserError(f"--model {name}: neither a shape ({', '.join(SHAPES)}) nor a local model directory")
+    if not Path(name).expanduser().exists() and name not in NAMED:
+        raise UserError(f"--model {name}: neither a shape ({', '.join(SHAPES)}), a named model ({', '.join(NAMED)}) "
+                        "nor a local model directory or GGUF file")
     return load_model(str(Path(name).expanduser()), dtype, device, seed=seed)
 
 

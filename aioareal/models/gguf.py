@@ -1,0 +1,120 @@
+"""GGUF files as models: each file is dequantized once into a cached safetensors directory.
+
+Transformers can load a GGUF file itself, but it dequantizes every tensor on every load, and no
+other part of a run (resume, the weight sync, the reference model) should care where the weights
+came from. So `model.name` pointing at a `.gguf` file (or a directory holding exactly one) is
+converted once (gguf_convert.py) into a plain Hugging Face directory, and every load, in this
+run and the next, reads that directory like any downloaded model.
+
+Entries live in `<cache root>/gguf/<first 16 hex digits of the file's sha256>/`; the root is
+$AIOAREAL_CACHE_DIR, else ~/.cache/aioareal. Keyed by content, not by path or mtime: a file
+replaced by another gets a new entry, a file moved or copied keeps its own. An entry is built in
+a temporary directory beside it and renamed into place only when complete, under a file lock:
+a killed conversion leaves nothing a later run trusts, and concurrent runs (torchrun ranks)
+convert once while the others wait.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from .gguf_convert import convert
+
+ENV_CACHE = "AIOAREAL_CACHE_DIR"
+MANIFEST = "aioareal-gguf.json"  # written last inside an entry: what it was made from
+FORMAT = 1  # bump when the conversion changes, so stale entries are rebuilt
+KEY_DIGITS = 16
+CHUNK = 1 << 20
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "aioareal").expanduser()
+
+
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file `name` points to: a `.gguf` file, or a directory without a config.json that
+    holds exactly one; None for anything else (a hub name, a Hugging Face directory)."""
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise UserError(f"model.name '{name}': no such GGUF file")
+        return path
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        raise UserError(f"model.name '{name}': the directory holds {len(found)} GGUF files "
+                        f"({', '.join(p.name for p in found)}); name the one to load")
+    return found[0] if found else None
+
+
+def cached_gguf(path: Path) -> Path:
+    """The converted directory for the GGUF file at `path`, converting it first if needed."""
+    digest = file_digest(path)
+    entry = cache_root() / "gguf" / digest[:KEY_DIGITS]
+    if _complete(entry, digest):
+        return entry
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot write the GGUF cache {entry.parent} ({e.strerror}); set {ENV_CACHE} "
+                        "to a writable directory") from None
+    with open(entry.parent / f".{entry.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not _complete(entry, digest):  # another process may have built it while this one waited
+            _build(path, entry, digest)
+    return entry
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's contents, hashed once per process per (size, mtime) of the file."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    # The loaders call this for the tokenizer and each model copy: hash the file once, streamed.
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _complete(entry: Path, digest: str) -> bool:
+    """An entry is trusted once its manifest, written last before the rename, names this file's
+    contents and the current conversion."""
+    manifest = entry / MANIFEST
+    if not manifest.is_file():
+        return False
+    made = json.loads(manifest.read_text())
+    return made.get("format") == FORMAT and made.get("sha256") == digest
+
+
+def _build(path: Path, entry: Path, digest: str) -> None:
+    """Convert into a temporary directory beside `entry`, then rename it into place (holding the lock)."""
+    for stale in entry.parent.glob(f".{entry.name}.tmp-*"):  # left by a killed conversion
+        shutil.rmtree(stale, ignore_errors=True)
+    print(f"converting {path} once into {entry} (later loads read it from there)", file=sys.stderr, flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    try:
+        start = time.perf_counter()
+        convert(path, tmp)
+        manifest = {"format": FORMAT, "source": str(path.resolve()), "sha256": digest,
+                    "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - start, 1)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if entry.exists():  # an entry of an older FORMAT (or another file's): replaced, never merged
+            shutil.rmtree(entry)
+        os.rename(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

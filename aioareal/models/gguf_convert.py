@@ -1,0 +1,87 @@
+"""One GGUF file into a plain Hugging Face directory: dequantized weights in safetensors, its
+config, generation config and tokenizer (with the chat template the file carries).
+
+A GGUF file is data (DESIGN rule 10). The `gguf` package and transformers' GGUF reader parse it
+with `struct` and numpy memory maps: fixed binary records, typed metadata values (numbers,
+strings, arrays), raw tensor bytes that numpy dequantizes. Nothing is unpickled and no Python
+from the file runs; the config is built from a fixed table of known metadata keys, and the chat
+template is a Jinja string that transformers renders in a sandbox, as for any hub tokenizer.
+Transformers is pointed at a fresh directory that holds only a link to the file, so no
+config.json or tokenizer file lying beside the user's GGUF (nor an `auto_map` naming code in
+one) is picked up, and `trust_remote_code` stays off.
+"""
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from ..errors import UserError
+
+REQUIRED = ("gguf", "accelerate")  # transformers' GGUF loader needs both; neither is a core dependency
+INSTALL_HINT = "pip install 'aioareal[gguf]'"
+
+
+def convert(path: Path, out: Path) -> None:
+    """Dequantize the GGUF file at `path` into the Hugging Face directory `out` (which exists)."""
+    require_packages(path)
+    check_readable(path)
+    with _alone(path) as link:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(link.parent), gguf_file=str(link),
+                                                         trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(str(link.parent), gguf_file=str(link),
+                                                      trust_remote_code=False)
+        except (ValueError, KeyError, IndexError, TypeError, OSError) as e:
+            # An architecture or tokenizer transformers cannot map, or metadata it cannot make sense of.
+            raise UserError(f"{path}: could not convert this GGUF file ({_first_line(e)})") from None
+    _as_dense(model).save_pretrained(str(out))  # safetensors, tied embeddings stored once
+    tokenizer.save_pretrained(str(out))
+
+
+def require_packages(path: Path) -> None:
+    """The packages a conversion needs; a cached conversion loads without them."""
+    missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"{path}: reading a GGUF file needs the {' and '.join(missing)} "
+                        f"package{'s' if len(missing) > 1 else ''}: {INSTALL_HINT} "
+                        f"(or pip install {' '.join(missing)})")
+
+
+def check_readable(path: Path) -> None:
+    """Parse the whole header and tensor table first: a truncated or corrupt file then fails here,
+    in one line naming it, instead of deep inside transformers with a numpy reshape error."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - any parse failure means the same thing: not a usable file
+        raise UserError(f"{path}: not a readable GGUF file ({_first_line(e)}); it may be truncated or "
+                        "corrupt: download or copy it again") from None
+
+
+@contextmanager
+def _alone(path: Path) -> Iterator[Path]:
+    """A link to `path` in an otherwise empty temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="aioareal-gguf-") as folder:
+        link = Path(folder) / path.name
+        link.symlink_to(path.resolve())
+        yield link
+
+
+def _as_dense(model: PreTrainedModel) -> PreTrainedModel:
+    """Forget that the weights came from a quantized file: they are dense tensors now, and the
+    GGUF quantizer's marks would stop `save_pretrained` (and make a reload look for the file)."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
