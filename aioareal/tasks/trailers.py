@@ -1,0 +1,87 @@
+"""What follows a completion's final statement and is no part of it: a verification ("Check: 18 / 2 =
+9, 9 + 3 + 4 = 16 ✓"), a note ("Note: her ducks lay 16 eggs"), a parenthesised aside, a sign-off
+("Let me know if you need problem 2!"). Their last number is not the answer, so when the answer is
+read from the final sentence, `strip_trailers` cuts them off first.
+
+A trailer starts a line or a sentence with one of the headings below and runs to the end of the text.
+It is cut only if something with a digit comes before it, and only if it contains no word that
+concludes or corrects ("so", "therefore", "answer", "not", "wrong", ...): a check that finds a
+mistake and states a new result ("Check: 9 × 2 = 18, not 20. So she makes $18.") is the final
+statement, not a trailer. An aside is a parenthesised group that ends the text and follows a
+sentence end. Each step is one regex scan or one backward scan over what it removes: linear.
+"""
+from __future__ import annotations
+
+import re
+
+_HEADING = re.compile(
+    r"(?:^|(?<=[.!?:]\s)|(?<=[.!?:]\s\s))[\s>#*_\-(]*(?:(?:wait|ok|okay|now|also|finally|and)[,.!]?\s+)?"
+    r"(?:(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)\s*\**\s*[:—]|"
+    r"(?:to (?:check|verify)|let(?:'s|’s| me| us) (?:double[- ]?)?(?:check|verify|confirm)|note|nb|p\.?s\.?|"
+    r"this (?:makes sense|checks out|is correct|matches|is consistent|confirms)|"
+    r"(?:i )?hope (?:it|this|that)|let me know|feel free)\b)", re.I | re.M)
+_KEEPS = re.compile(r"\b(?:so|therefore|thus|hence|answer|instead|should be|not|wrong|incorrect|mistake|error|oops|"
+                    r"actually)\b|n't\b", re.I)
+
+
+def strip_trailers(text: str) -> str:
+    """`text` without the trailers that follow its final statement (the text itself if none)."""
+    first_digit = re.search(r"\d", text)
+    if first_digit is None:
+        return text
+    end = _before_asides(text, len(text), first_digit.start())
+    keep = None
+    for keep in _KEEPS.finditer(text, 0, end):
+        pass
+    heading = _HEADING.search(text, keep.end() if keep else 0, end)
+    while heading is not None and heading.start() <= first_digit.start():
+        heading = _HEADING.search(text, heading.end(), end)  # no digit before it: not after a statement
+    if heading is not None:
+        end = _before_asides(text, heading.start(), first_digit.start())
+    return text[:end]
+
+
+def is_trailer(text: str) -> bool:
+    """Whether `text` as a whole is a trailer ("Wait, let me double-check: 9 × 2 = 18 ✓")."""
+    heading = _HEADING.match(text)
+    return heading is not None and _KEEPS.search(text, heading.end()) is None
+
+
+def _before_asides(text: str, end: int, first_digit: int) -> int:
+    """Where `text[:end]` ends without the parenthesised groups that close it and follow a sentence end
+    or a line break ("... a day. (She keeps 7.)"). Scans back over what it drops, and a little more."""
+    while True:
+        j, _ = _back_over_space(text, end)
+        if j and text[j - 1] == ".":
+            j, _ = _back_over_space(text, j - 1)
+        if not j or text[j - 1] != ")":
+            return end
+        opening = _opening(text, j - 1)
+        if opening is None or opening <= first_digit:
+            return end
+        k, newline = _back_over_space(text, opening)
+        if not (newline or text[k - 1] in ".!?:"):
+            return end
+        end = opening
+
+
+def _back_over_space(text: str, end: int) -> tuple[int, bool]:
+    """The index after the last non-space character before `end`, and whether a line break was skipped."""
+    newline = False
+    while end and text[end - 1].isspace():
+        end -= 1
+        newline = newline or text[end] == "\n"
+    return end, newline
+
+
+def _opening(text: str, close: int) -> int | None:
+    """Index of the "(" that matches the ")" at `close`, scanning back; None if unmatched."""
+    depth = 0
+    for i in range(close, -1, -1):
+        if text[i] == ")":
+            depth += 1
+        elif text[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
