@@ -39,9 +39,13 @@ _HEADING = re.compile(r"[\s*$]*-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid
 _MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d")
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
-_RETRACTION = re.compile(r"\b(?:wait|oops|hmm+|mistake|wrong|incorrect|forgot|forget|overlooked|miscalculat\w*|"
-                         r"recalculat\w*|re-?check\w*|re-?evaluat\w*|reconsider\w*|on second thought|correction|"
-                         r"let me (?:re-?do|fix|correct))\b", re.IGNORECASE)
+# A retraction: an interjection that stops to reconsider, or an error owned in the first person ("the
+# mistake many people make is ..." retracts nothing).
+_RETRACTION = re.compile(r"\b(?:wait|oops|hmm+|hold on|on second thought|correction:|my (?:mistake|error|bad)|"
+                         r"(?:i|we) (?:made an? (?:mistake|error)|forgot|missed|overlooked|miscalculated|misread)|"
+                         r"(?:that|this)(?: is|'s| was) (?:wrong|incorrect|not right)|re-?checking|recalculating|"
+                         r"(?:let me|let's|i'll|i need to|i should) (?:re-?check|re-?calculate|re-?do|re-?evaluate|"
+                         r"reconsider|correct|fix))\b", re.IGNORECASE)
 # Between two boxes, or after the final one: alternatives, not a correction.
 _BOXES_HEDGED = re.compile(r"[\s$*\\()\[\],;/&]*(?:(?:either|or|and|maybe|possibly|perhaps)[\s$*\\()\[\],;/&]*)*")
 _OR_AFTER = re.compile(r"[\s$*\\)\]}]*(?:or|/)\s*(?:maybe|possibly|perhaps)?\s*\\?\$?\s*[-.]?\d", re.IGNORECASE)

@@ -8,6 +8,8 @@ and none when it commits to another value, to several, to a bound, or to nothing
 """
 from __future__ import annotations
 
+from aioareal.bench.final_answer_cases import FINAL_ANSWER_CASES  # absolute: this module may move
+
 JANET = ("Janet's ducks lay 16 eggs per day. She eats 3 for breakfast and uses 4 for muffins, so "
          "16 - 3 - 4 = 9 eggs are left. She sells each egg for $2, so she makes 9 \\times 2 = 18 dollars.\n\n")
 GOLD = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18"
@@ -243,39 +245,6 @@ CASES: list[tuple[str, str, str, float]] = [
     ("quantities", "18", "The answer is \\$18/\\text{day}.", 1.0),
     ("quantities", "18", "\\boxed{\\$18/\\text{day}}", 1.0),
     ("quantities", "18", "She earns $18/hour.", 1.0),
-    # --- what follows the final statement: checks, notes, asides, sign-offs --------------------
-    ("trailers", "18", JANET + "So Janet makes $18 a day.\n\nCheck: 18 / 2 = 9 eggs sold, 9 + 3 + 4 = 16 laid.", 1.0),
-    ("trailers", "16", JANET + "So Janet makes $18 a day.\n\nCheck: 18 / 2 = 9 eggs sold, 9 + 3 + 4 = 16 laid.", 0.0),
-    ("trailers", "18", "So Janet makes $18 every day. (She keeps 3 + 4 = 7 of her 16 eggs.)", 1.0),
-    ("trailers", "16", "So Janet makes $18 every day. (She keeps 3 + 4 = 7 of her 16 eggs.)", 0.0),
-    ("trailers", "16", "So Janet makes $18 a day.\n\n**Verification:**\n- 9 × 2 = 18 ✓\n- 9 + 3 + 4 = 16 ✓", 0.0),
-    ("trailers", "16", "So Janet makes $18 a day.\nNote: her ducks lay 16 eggs a day.", 0.0),
-    ("trailers", "18", "So Janet makes $18 a day.\nNote: her ducks lay 16 eggs a day.", 1.0),
-    ("trailers", "16", "So Janet makes $18 a day.\nLet's double-check: 9 eggs sold and 9 + 3 + 4 = 16.", 0.0),
-    ("trailers", "16", "So she makes $18 a day. This makes sense because 9 + 3 + 4 = 16.", 0.0),
-    ("trailers", "2", "So she makes $18 a day.\n\nI hope it helps. Let me know if you need problem 2 too!", 0.0),
-    ("trailers", "18", "She makes $20 a day.\nCheck: 9 × 2 = 18, not 20. So she makes $18 a day.", 1.0),
-    ("trailers", "20", "She makes $20 a day.\nCheck: 9 × 2 = 18, not 20. So she makes $18 a day.", 0.0),
-    # --- which answer is final: the last committed one ------------------------------------------
-    ("final", "18", "She has \\boxed{9} eggs left, so she makes 9 × 2 = \\boxed{18} dollars.", 1.0),
-    ("final", "9", "She has \\boxed{9} eggs left, so she makes 9 × 2 = \\boxed{18} dollars.", 0.0),
-    ("final", "18", "First I thought \\boxed{20}, but rechecking: 16 - 3 - 4 = 9, 9 × 2 = 18, so \\boxed{18}.", 1.0),
-    ("final", "20", "First I thought \\boxed{20}, but rechecking: 16 - 3 - 4 = 9, 9 × 2 = 18, so \\boxed{18}.", 0.0),
-    ("final", "24", "She has \\boxed{24}.\n\nWait, I forgot the 2 she gives away. The answer is 26.", 0.0),
-    ("final", "26", "She has \\boxed{24}.\n\nWait, I forgot the 2 she gives away. The answer is 26.", 1.0),
-    ("final", "26", "She has \\boxed{24}. Wait, I forgot the 2 she gives away, so she has 26.", 1.0),
-    ("final", "18", "\\boxed{16}\n\nOops, I forgot the 7 she keeps: she makes \\boxed{18}.", 1.0),
-    ("final", "20", "The answer is 20. Wait, she bakes 4 into muffins: 9 × 2 = 18, so she makes 18.", 0.0),
-    ("final", "18", "The answer is 20. Wait, she bakes 4 into muffins: 9 × 2 = 18, so she makes 18.", 1.0),
-    ("final", "18", "\\boxed{18}\n\nCheck: 9 + 3 + 4 = 16 eggs, and 9 × 2 = 18 dollars. ✓", 1.0),
-    ("final", "16", "\\boxed{18}. Wait, let me double-check: 9 × 2 = 18 and 9 + 3 + 4 = 16. Correct.", 0.0),
-    ("final", "18", "\\boxed{18}. Wait, let me double-check: 9 × 2 = 18 and 9 + 3 + 4 = 16. Correct.", 1.0),
-    ("final", "19", "The answer is either \\boxed{18} or \\boxed{19}.", 0.0),
-    ("final", "19", "\\boxed{18}, \\boxed{19}", 0.0),
-    ("final", "18", "So she makes \\boxed{18} or maybe 19 dollars.", 0.0),
-    ("final", "18", "She makes \\boxed{18}.\n\nThe final answer is \\boxed{}.", 0.0),
-    ("final", "18", "So she makes 9 × 2 = 18 dollars, and the answer is \\boxed{1", 0.0),
-    ("final", "18", "So she makes \\boxed{18}. The final answer is \\boxed{18", 0.0),
     # --- equations: the side the completion concludes with --------------------------------------
     ("equations", "20", "\\boxed{\\frac{4}{20} = 20\\%}", 1.0),
     ("equations", "0.2", "\\boxed{\\frac{4}{20} = 20\\%}", 1.0),
@@ -292,3 +261,4 @@ CASES: list[tuple[str, str, str, float]] = [
     ("formula", "18", "\\boxed{\\sqrt{325}}", 0.0),
     ("formula", "18", "\\boxed{3 \\times 7}", 0.0),
 ]
+CASES += FINAL_ANSWER_CASES  # which answer is final: trailers, later commitments, unfinished text

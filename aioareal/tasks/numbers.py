@@ -135,7 +135,9 @@ def _leading_words(t: str) -> Reading | None:
     if re.search(r"\d", rest) or _OPERATOR_AFTER.match(rest):  # "three times 6 = 18": not the three
         return None
     verdict = _verdict(rest)
-    return verdict if verdict is not None else Reading(value=read[0], text=t[:read[1]])
+    if verdict is not None:
+        return verdict
+    return Reading(value=read[0], percent=bool(_PERCENT_AFTER.match(rest)), text=t[:read[1]])
 
 
 def _last_numeral(t: str, recent: list[re.Match[str]]) -> Reading:
