@@ -9,7 +9,8 @@ The final answer is the last one the completion commits to. In order of how expl
    16; ... so she makes 18" reads 18), up to the end of its sentence (or the next line when the
    phrase ends its line);
 4. the last number of the final statement: the last sentence with a number once trailing checks,
-   notes and asides are cut off (`trailers`).
+   notes and asides are cut off (`trailers`); of a numbered list, its last item (not the item's
+   number); of a text cut off mid-sentence at its token limit, that unfinished sentence, or nothing.
 Prose after 1-3 replaces the answer only when it commits again: a later answer phrase ("\\boxed{24}
 ... Wait, I forgot the 2 she gives away. The answer is 26." reads 26), or a retraction ("wait",
 "oops", "I forgot", "recheck", ...) followed by a new final statement. A check after the answer
@@ -39,6 +40,8 @@ _HEADING = re.compile(r"[\s*$]*-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid
 _MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d")
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
+_CUT_OFF = ",;:(-+=/\\{"  # a text ending in these (or a letter) stopped mid-sentence: cut off at its token limit
+_LIST_MARKER = re.compile(r"[ \t]*(?:[-*][ \t]*)?\d{1,3}[.)][ \t]+(?=\S)")
 # A retraction: an interjection that stops to reconsider, or an error owned in the first person ("the
 # mistake many people make is ..." retracts nothing).
 _RETRACTION = re.compile(r"\b(?:wait|oops|hmm+|hold on|on second thought|correction:|my (?:mistake|error|bad)|"
@@ -179,16 +182,12 @@ def _phrase_span(text: str, start: int) -> tuple[str, int]:
 
 
 def _last_statement(text: str) -> Found | None:
-    """The last number of the final sentence, once trailing checks, notes and asides are cut off."""
+    """The last number of the final statement, once trailing checks, notes and asides are cut off."""
     text = strip_trailers(text)
-    pos = max(text.rfind(d) for d in "0123456789")
-    words = last_words(text, _sentence_end(text, pos) if pos >= 0 else 0)
-    if words is not None:  # "... = 18. So she makes twenty dollars a day."
-        pos = words[1]
-    if pos < 0:
+    bounds = _final_statement(text)
+    if bounds is None:
         return None
-    start = max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
-    sentence = text[start:_sentence_end(text, pos)]
+    sentence = text[bounds[0]:bounds[1]]
     negated = [m for m in _PHRASE.finditer(sentence) if _NEGATED.match(sentence, m.end())]
     if negated and not re.search(r"[;,]|\b(?:but|so|instead|rather)\b", sentence[negated[-1].end():]):
         return None  # "The answer is not 16.": no answer
@@ -196,6 +195,28 @@ def _last_statement(text: str) -> Found | None:
     if reading == NOTHING:
         return None
     return Found(reading.text, reading, "last", end=len(text))
+
+
+def _final_statement(text: str) -> tuple[int, int] | None:
+    """Where the final statement is: the last sentence of a text cut off mid-sentence (it committed to
+    nothing else), the last item of a numbered list, else the last sentence with a number."""
+    end = len(text.rstrip())
+    if end and (text[end - 1].isalpha() or text[end - 1] in _CUT_OFF):
+        return _sentence_start(text, end), end
+    pos = max(text.rfind(d) for d in "0123456789")
+    words = last_words(text, _sentence_end(text, pos) if pos >= 0 else 0)
+    if words is not None:  # "... = 18. So she makes twenty dollars a day."
+        pos = words[1]
+    if pos < 0:
+        return None
+    marker = _LIST_MARKER.match(text, text.rfind("\n", 0, pos) + 1)
+    if marker is not None and marker.end() > pos:  # "20. Each window is ...": the item, not its number
+        return marker.end(), _sentence_end(text, marker.end())
+    return _sentence_start(text, pos), _sentence_end(text, pos)
+
+
+def _sentence_start(text: str, pos: int) -> int:
+    return max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
 
 
 def _sentence_end(text: str, pos: int) -> int:
