@@ -30,12 +30,12 @@ def strip_trailers(text: str) -> str:
     if first_digit is None:
         return text
     end = _before_asides(text, len(text), first_digit.start())
+    heading = _HEADING.search(text, first_digit.end(), end)  # most texts have none: one scan, and done
     keep = None
-    for keep in _KEEPS.finditer(text, 0, end):
+    for keep in _KEEPS.finditer(text, heading.start() if heading else end, end):
         pass
-    heading = _HEADING.search(text, keep.end() if keep else 0, end)
-    while heading is not None and heading.start() <= first_digit.start():
-        heading = _HEADING.search(text, heading.end(), end)  # no digit before it: not after a statement
+    if keep is not None:  # a trailer holds no concluding or correcting word: look after the last one
+        heading = _HEADING.search(text, keep.end(), end)
     if heading is not None:
         end = _before_asides(text, heading.start(), first_digit.start())
     return text[:end]
