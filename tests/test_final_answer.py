@@ -80,7 +80,8 @@ def test_hours_and_minutes_match_in_either_unit(hours: int, minutes: int) -> Non
 
 @pytest.mark.parametrize("rest, currency, values", [
     (" dollars and 50 cents", "", (Fraction(37, 2), 1850)), (" and 50 cents", "$", (Fraction(37, 2), 1850)),
-    (" ft 6 in", "", (Fraction(11, 2), 66)), (" hour, 20 minutes and 30 seconds", "", (Fraction(161, 120), Fraction(161, 2), 4830)),
+    (" ft 6 in", "", (Fraction(11, 2), 66)),
+    (" hour, 20 minutes and 30 seconds", "", (Fraction(161, 120), Fraction(161, 2), 4830)),
     (" kg 250 g", "", (Fraction(9, 4), 2250)),
 ])
 def test_paired_units(rest: str, currency: str, values: tuple) -> None:
@@ -118,7 +119,8 @@ def test_strip_trailers(text: str, kept: str | None) -> None:
 
 @PROPS
 @given(st.integers(0, 999), st.lists(st.integers(0, 999), min_size=1, max_size=4),
-       st.sampled_from(["Check: {}.", "**Verification:** {} ✓", "Note: {}.", "(That is {}.)", "Let me know if {} helps!"]))
+       st.sampled_from(["Check: {}.", "**Verification:** {} ✓", "Note: {}.", "(That is {}.)",
+                        "Let me know if {} helps!"]))
 def test_a_trailer_never_changes_the_final_statement(answer: int, numbers: list[int], trailer: str) -> None:
     body = f"She sells 9 eggs, so she makes {answer} dollars a day."
     sums = " + ".join(map(str, numbers)) + f" = {sum(numbers)}"

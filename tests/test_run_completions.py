@@ -25,7 +25,8 @@ ROWS = [  # a samples.jsonl row as the run log writes it, plus the completion's 
      "completion": "She sells 9 eggs at $2, so she makes \\boxed{18} dollars."},
     {"step": 1, "group_id": 0, "reward": 0.0, "length": 9, "answer": "#### 18",
      "completion": "So Janet makes $18 a day.\n\nCheck: 9 + 3 + 4 = 16 eggs."},  # the last number is a check's
-    {"step": 1, "group_id": 1, "reward": 0.0, "length": 7, "answer": "120", "completion": "The answer is one hundred twenty."},
+    {"step": 1, "group_id": 1, "reward": 0.0, "length": 7, "answer": "120",
+     "completion": "The answer is one hundred twenty."},
 ]
 
 
@@ -41,7 +42,8 @@ def test_from_run_grades_a_runs_completions_and_prints_disagreements(capsys, tmp
 
 
 def test_labelled_rows_report_false_passes_and_fails(tmp_path: Path) -> None:
-    rows = [{**ROWS[1], "label": 1}, {"answer": "16", "completion": "She makes $18.\nCheck: 9 + 3 + 4 = 16", "label": 0}]
+    rows = [{**ROWS[1], "label": 1},
+            {"answer": "16", "completion": "She makes $18.\nCheck: 9 + 3 + 4 = 16", "label": 0}]
     path = tmp_path / "labelled.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     read = read_rows(path)

@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from .latex import clean
 from .number_words import START as WORD_START, last_words, read_words
-from .numerals import NUMBER, NumberTooLong, canonical, numeral_value  # noqa: F401 (NumberTooLong, canonical: re-exported)
+from .numerals import NUMBER, NumberTooLong, canonical, numeral_value  # noqa: F401 (two re-exported)
 from .quantities import read_quantity
 
 _DECORATION = re.compile(r"[\s*(\[:=]*(?:(?:about|approximately|approx\.?|around|roughly|≈|~) ?)?"
