@@ -26,6 +26,8 @@ FINAL_ANSWER_CASES: list[tuple[str, str, str, float]] = [
     ("trailers", "2", "So she makes $18 a day.\n\nI hope it helps. Let me know if you need problem 2 too!", 0.0),
     ("trailers", "18", "She makes $20 a day.\nCheck: 9 × 2 = 18, not 20. So she makes $18 a day.", 1.0),
     ("trailers", "20", "She makes $20 a day.\nCheck: 9 × 2 = 18, not 20. So she makes $18 a day.", 0.0),
+    ("trailers", "16", EGGS + "So Janet makes $18 a day.\n\n### Verification\n9 + 3 + 4 = 16 eggs", 0.0),
+    ("trailers", "18", EGGS + "So Janet makes $18 a day.\n\n### Verification\n9 + 3 + 4 = 16 eggs", 1.0),
     # --- which answer is final: the last committed one ------------------------------------------
     ("final", "18", "She has \\boxed{9} eggs left, so she makes 9 × 2 = \\boxed{18} dollars.", 1.0),
     ("final", "9", "She has \\boxed{9} eggs left, so she makes 9 × 2 = \\boxed{18} dollars.", 0.0),
@@ -46,6 +48,12 @@ FINAL_ANSWER_CASES: list[tuple[str, str, str, float]] = [
     ("final", "18", "She makes \\boxed{18}.\n\nThe final answer is \\boxed{}.", 0.0),
     ("final", "18", "So she makes 9 × 2 = 18 dollars, and the answer is \\boxed{1", 0.0),
     ("final", "18", "So she makes \\boxed{18}. The final answer is \\boxed{18", 0.0),
+    ("final", "18", "\\boxed{18}\n\nWait, she also had 2 more eggs? No, that's it.", 1.0),
+    ("final", "2", "\\boxed{18}\n\nWait, she also had 2 more eggs? No, that's it.", 0.0),
+    # --- a question states nothing ----------------------------------------------------------------
+    ("questions", "18", "So she makes 18 dollars. Is that 9 × 2?", 1.0),
+    ("questions", "2", "So she makes 18 dollars. Is that 9 × 2?", 0.0),
+    ("questions", "18", "Does she make 18 dollars a day?", 0.0),
     # --- cut off at the token limit, and numbered lists ------------------------------------------
     ("unfinished", "20", WINDOWS + "20. Each window is connected", 0.0),
     ("unfinished", "2", "He looks at 2 necklaces, and his sister has chosen 2.\nThe next thing that happens is", 0.0),
