@@ -41,6 +41,7 @@ _MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d"
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
 _CUT_OFF = ",;:(-+=/\\{"  # a text ending in these (or a letter) stopped mid-sentence: cut off at its token limit
+_QUESTIONS = 3  # questions skipped looking for the final statement (bounded: each skip rescans)
 _LIST_MARKER = re.compile(r"[ \t]*(?:[-*][ \t]*)?\d{1,3}[.)][ \t]+(?=\S)")
 # A retraction: an interjection that stops to reconsider, or an error owned in the first person ("the
 # mistake many people make is ..." retracts nothing).
@@ -199,29 +200,41 @@ def _last_statement(text: str) -> Found | None:
 
 def _final_statement(text: str) -> tuple[int, int] | None:
     """Where the final statement is: the last sentence of a text cut off mid-sentence (it committed to
-    nothing else), the last item of a numbered list, else the last sentence with a number."""
+    nothing else), the last item of a numbered list, else the last sentence with a number that is not
+    a question ("Is that 9 × 2?" states nothing; a few are skipped, then nothing is)."""
     end = len(text.rstrip())
     if end and (text[end - 1].isalpha() or text[end - 1] in _CUT_OFF):
         return _sentence_start(text, end), end
-    pos = max(text.rfind(d) for d in "0123456789")
-    words = last_words(text, _sentence_end(text, pos) if pos >= 0 else 0)
+    for _ in range(_QUESTIONS):
+        bounds = _last_numbered_sentence(text, end)
+        if bounds is None or "?" not in (text[bounds[1]:bounds[1] + 1], text[bounds[0]:bounds[1]].rstrip()[-1:]):
+            return bounds
+        end = bounds[0]
+    return None
+
+
+def _last_numbered_sentence(text: str, end: int) -> tuple[int, int] | None:
+    pos = max(text.rfind(d, 0, end) for d in "0123456789")
+    words = last_words(text[:end], _sentence_end(text, pos, end) if pos >= 0 else 0)
     if words is not None:  # "... = 18. So she makes twenty dollars a day."
         pos = words[1]
     if pos < 0:
         return None
     marker = _LIST_MARKER.match(text, text.rfind("\n", 0, pos) + 1)
     if marker is not None and marker.end() > pos:  # "20. Each window is ...": the item, not its number
-        return marker.end(), _sentence_end(text, marker.end())
-    return _sentence_start(text, pos), _sentence_end(text, pos)
+        return marker.end(), _sentence_end(text, marker.end(), end)
+    return _sentence_start(text, pos), _sentence_end(text, pos, end)
 
 
 def _sentence_start(text: str, pos: int) -> int:
     return max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
 
 
-def _sentence_end(text: str, pos: int) -> int:
-    ends = [i for i in (text.find(b, pos) for b in _BREAKS) if i >= 0]
-    return min(ends) if ends else len(text)
+def _sentence_end(text: str, pos: int, end: int | None = None) -> int:
+    """Where the sentence at `pos` ends: at its break ("." or "?" + space, a line break), or `end`."""
+    end = len(text) if end is None else end
+    ends = [i for i in (text.find(b, pos, end) for b in _BREAKS) if i >= 0]
+    return min(ends) if ends else end
 
 
 def _shifted(found: Found, offset: int) -> Found:

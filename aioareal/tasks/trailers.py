@@ -3,7 +3,9 @@
 ("Let me know if you need problem 2!"). Their last number is not the answer, so when the answer is
 read from the final sentence, `strip_trailers` cuts them off first.
 
-A trailer starts a line or a sentence with one of the headings below and runs to the end of the text.
+A trailer starts a line or a sentence with one of the headings below (a check word needs a colon or
+a line of its own: "Check: ...", "### Verification"; "Check how many are left" is a step) and runs
+to the end of the text.
 It is cut only if something with a digit comes before it, and only if it contains no word that
 concludes or corrects ("so", "therefore", "answer", "not", "wrong", ...): a check that finds a
 mistake and states a new result ("Check: 9 × 2 = 18, not 20. So she makes $18.") is the final
@@ -16,7 +18,7 @@ import re
 
 _HEADING = re.compile(
     r"(?:^|(?<=[.!?:]\s)|(?<=[.!?:]\s\s))[\s>#*_\-(]*(?:(?:wait|ok|okay|now|also|finally|and)[,.!]?\s+)?"
-    r"(?:(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)\s*\**\s*[:—]|"
+    r"(?:(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)[ \t]*\**[ \t]*(?:[:—]|\n|$)|"
     r"(?:to (?:check|verify)|let(?:'s|’s| me| us) (?:double[- ]?)?(?:check|verify|confirm)|note|nb|p\.?s\.?|"
     r"this (?:makes sense|checks out|is correct|matches|is consistent|confirms)|"
     r"(?:i )?hope (?:it|this|that)|let me know|feel free)\b)", re.I | re.M)
