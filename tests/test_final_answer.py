@@ -88,6 +88,7 @@ def test_paired_units(rest: str, currency: str, values: tuple) -> None:
     first = 18 if "dollars" in rest or currency else (5 if "ft" in rest else (1 if "hour" in rest else 2))
     quantity = read_quantity(rest, currency)
     assert quantity is not None and quantity.values(Fraction(first)) == tuple(Fraction(v) for v in values)
+    assert quantity.end == len(rest) and read_quantity("18" + rest, currency, 2).end == len(rest) + 2
 
 
 @pytest.mark.parametrize("rest", [" minutes 3 hours", " apples and 5 oranges", " dollars in 5 days", " cents",

@@ -123,6 +123,7 @@ PATHOLOGICAL = {
     "paired units": lambda n: "It takes " + "1 hour 2 minutes " * (n // 17),
     "sign words": lambda n: "minus " * (n // 6) + "3",
     "equations": lambda n: "\\boxed{" + "1 = " * (n // 4) + "2}",
+    "phrases in two spellings": lambda n: "Answer is not 1. answer is not 2. " * (n // 34),
     "list items": lambda n: "1. a\n" * (n // 5),
     "cut off": lambda n: "It is 1 " + "and then " * (n // 9),
 }

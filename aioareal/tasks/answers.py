@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from itertools import repeat
 
 from .boxes import Box, scan
 from .latex import clean
@@ -31,8 +32,10 @@ from .number_words import last_words
 from .numbers import HEDGE, NOTHING, Reading, canonical, leading, read_last, read_span, trim
 from .trailers import is_trailer, strip_trailers
 
-_PHRASE = re.compile(r"\b(?:final\s+answer|answer)\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])"
-                     r"\**", re.IGNORECASE)
+# "answer is", "final answer:", "answer would be" (matched from "answer": `_phrase` finds it by `rfind`).
+_PHRASE = re.compile(r"(?<!\w)answer\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])\**",
+                     re.IGNORECASE)
+_ANSWER = ("answer", "Answer", "ANSWER")
 _NEGATED = re.compile(r"\s*\**\s*(?:(?:definitely|certainly|clearly|actually)\s+)?(?:not|never|no\s+longer|n't)\b",
                       re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
@@ -155,9 +158,15 @@ def _hashes(text: str) -> Found | None:
 
 
 def _phrase(text: str, start: int = 0) -> Found | None:
-    """The last answer phrase of `text[start:]` that is not negated."""
-    for m in reversed(list(_PHRASE.finditer(text, start))):
-        if _NEGATED.match(text, m.end()):
+    """The last answer phrase of `text[start:]` that is not negated. Found from the end by `rfind` (C
+    speed; a case-insensitive regex scan of the whole text is ten times slower), each spelling's
+    search resuming where it stopped, so the whole search is linear."""
+    found = [text.rfind(word, start) for word in _ANSWER]  # each spelling's last place, searched back once
+    while (i := max(found)) >= 0:
+        k = found.index(i)
+        found[k] = text.rfind(_ANSWER[k], start, i)
+        m = _PHRASE.match(text, i)
+        if m is None or _NEGATED.match(text, m.end()):
             continue
         span, end = _phrase_span(text, m.end())
         reading = read_span(span)
@@ -214,8 +223,8 @@ def _final_statement(text: str) -> tuple[int, int] | None:
 
 
 def _last_numbered_sentence(text: str, end: int) -> tuple[int, int] | None:
-    pos = max(text.rfind(d, 0, end) for d in "0123456789")
-    words = last_words(text[:end], _sentence_end(text, pos, end) if pos >= 0 else 0)
+    pos = max(map(text.rfind, "0123456789", repeat(0), repeat(end)))
+    words = last_words(text, _sentence_end(text, pos, end) if pos >= 0 else 0, end)
     if words is not None:  # "... = 18. So she makes twenty dollars a day."
         pos = words[1]
     if pos < 0:

@@ -43,10 +43,10 @@ def read_words(t: str, pos: int = 0) -> tuple[Fraction, int] | None:
     return value, end
 
 
-def last_words(t: str, pos: int = 0) -> tuple[Fraction, int, int] | None:
-    """(value, start, end) of the last number phrase in `t[pos:]`, a lone "one" skipped."""
+def last_words(t: str, pos: int = 0, endpos: int | None = None) -> tuple[Fraction, int, int] | None:
+    """(value, start, end) of the last number phrase that starts in `t[pos:endpos]`, a lone "one" skipped."""
     found, end = None, 0
-    for m in START.finditer(t, pos):
+    for m in START.finditer(t, pos, len(t) if endpos is None else endpos):
         if m.start() < end:
             continue  # inside the phrase just read ("one hundred twenty": not "twenty" again)
         read = read_words(t, m.start())

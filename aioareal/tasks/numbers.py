@@ -143,8 +143,8 @@ def _leading_words(t: str) -> Reading | None:
 def _last_numeral(t: str, recent: list[re.Match[str]]) -> Reading:
     last = recent[-1]
     for first in recent[:-1]:  # "3 hours 20 minutes": one quantity that ends with the last numeral
-        quantity = read_quantity(t[first.end():], _currency(first))
-        if quantity is not None and first.end() + quantity.end >= last.end():
+        quantity = read_quantity(t, _currency(first), first.end())
+        if quantity is not None and quantity.end >= last.end():
             last = first
             break
     rest, text = t[last.end():], (last["sign"] or "") + last["num"]
@@ -172,7 +172,7 @@ def _last_words(t: str, value: Fraction, start: int, end: int) -> Reading:
 
 def _judge(m: re.Match[str], rest: str, text: str) -> Reading:
     """A numeral followed by `rest`: a quantity, a hedge, part of a formula, or the answer (with units or prose)."""
-    quantity = read_quantity(rest, _currency(m))
+    quantity = read_quantity(rest, _currency(m)) if rest else None  # a bare number (most boxes): no units
     value = numeral_value(m) if quantity is not None else None
     if quantity is not None and value is not None:
         values = quantity.values(value)
@@ -188,6 +188,8 @@ def _judge(m: re.Match[str], rest: str, text: str) -> Reading:
 
 def _verdict(rest: str) -> Reading | None:
     """What follows a number makes it a hedge (HEDGE), part of a formula (_FORMULA), or neither (None)."""
+    if not rest:
+        return None
     if _ALTERNATIVE_AFTER.match(rest) or _WORD_ALTERNATIVE.match(rest):
         return HEDGE
     if _OPERATOR_AFTER.match(rest):

@@ -36,7 +36,7 @@ def numeral_value(m: re.Match[str]) -> Fraction | None:
     digits = m["num"].replace(",", "").replace(" ", "")
     if len(digits) > MAX_DIGITS:
         raise NumberTooLong(f"a {len(digits)}-digit number (limit {MAX_DIGITS})")
-    value = Fraction(digits)
+    value = Fraction(int(digits)) if digits.isdigit() else Fraction(digits)  # int: no string parsing
     if m["mixed"]:
         num, den = (int(x) for x in m["mixed"].split("/"))
         if not 0 < num < den or "." in digits:

@@ -44,25 +44,25 @@ class Quantity:
     units: tuple[str, ...]  # largest first: the first number's unit, then each later part's
     later: tuple[Fraction, ...]  # the numbers after the first
     sizes: dict[str, int]
-    end: int  # where the quantity ends in the text after the first number
+    end: int  # where the quantity ends in the text
 
     def values(self, first: Fraction) -> tuple[Fraction, ...]:
         total = first * self.sizes[self.units[0]] + sum(n * self.sizes[u] for n, u in zip(self.later, self.units[1:]))
         return tuple(total / self.sizes[u] for u in self.units)
 
 
-def read_quantity(rest: str, currency: str = "") -> Quantity | None:
-    """The paired units that follow a number, given the `rest` of the text after it, or None.
-    `currency`: the symbol written before the number ("$18 and 50 cents")."""
+def read_quantity(text: str, currency: str = "", pos: int = 0) -> Quantity | None:
+    """The paired units that follow a number ending at `pos` in `text`, or None. `currency`: the
+    symbol written before the number ("$18 and 50 cents")."""
     if currency and currency in _CURRENCY:
-        units, pos = ["dollars"], 0
+        units = ["dollars"]
     else:
-        m = _FIRST_UNIT.match(rest)
+        m = _FIRST_UNIT.match(text, pos)
         if m is None:
             return None
         units, pos = [m.group(1).lower()], m.end()
     later: list[Fraction] = []
-    while (m := _NEXT_PART.match(rest, pos)) is not None and _dimension(units + [m.group(2).lower()]):
+    while (m := _NEXT_PART.match(text, pos)) is not None and _dimension(units + [m.group(2).lower()]):
         units.append(m.group(2).lower())
         later.append(Fraction(m.group(1)))
         pos = m.end()

@@ -73,8 +73,10 @@ def numbers_equal(gold: Reading, predicted: Reading) -> bool:
     """Equal to 6 decimal places; an answer written with % also matches its value / 100, and one in
     paired units ("3 hours 20 minutes") matches its value in any of them (10/3 or 200)."""
     assert gold.value is not None and predicted.value is not None
-    values = (predicted.value, *predicted.also, *((predicted.value / 100,) if predicted.percent else ()))
-    return any(abs(gold.value - v) <= TOLERANCE for v in values)
+    if gold.value == predicted.value or abs(gold.value - predicted.value) <= TOLERANCE:  # runs per completion
+        return True
+    others = (*predicted.also, *((predicted.value / 100,) if predicted.percent else ()))
+    return any(abs(gold.value - v) <= TOLERANCE for v in others)
 
 
 def math_equal(gold: str, predicted_text: str, timeout_s: float = 5.0) -> float:
