@@ -119,7 +119,7 @@ def _boxed(text: str) -> Found | None:
 
 
 def _alternatives(text: str, leaves: list[Box], reading: Reading) -> bool:
-    """The final box offered beside an earlier one with another value ("\boxed{18} or \boxed{19}")."""
+    """The final box offered beside an earlier one with another value ("\\boxed{18} or \\boxed{19}")."""
     if len(leaves) < 2 or leaves[-2].close is None:
         return False
     before, final = leaves[-2], leaves[-1]
