@@ -17,9 +17,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aioareal.errors import UserError
-from aioareal.models import eos_token_ids, load_model, load_tokenizer
+from aioareal.models import eos_token_ids, gguf_convert, load_model, load_tokenizer, named
 from aioareal.models import gguf as gguf_cache
-from aioareal.models import gguf_convert, named
 from aioareal.models.loading import resolve_source
 
 pytest.importorskip("gguf")

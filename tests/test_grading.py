@@ -1,4 +1,4 @@
-"""The GSM8K grader against a careful human grader: 179 written cases (`tasks.grading_cases`), the
+"""The GSM8K grader against a careful human grader: 258 written cases (`bench.grading_cases`), the
 reading of numbers piece by piece, the public TRL-style reward, and extraction that stays linear in
 the length of the completion."""
 from __future__ import annotations
@@ -65,8 +65,11 @@ def test_answer_sources() -> None:
     assert find_answer("#### Step 2: Revenue\n#### 18").text == "18"
     assert find_answer("The answer is not 16; so she makes 18").source == "last"
     found = find_answer("\\boxed{18} and later \\boxed{19}")
-    assert found.text == "19" and found.conflict
-    assert not find_answer("\\boxed{18} and again \\boxed{18.0}").conflict
+    assert found.text == "19" and not found.void and found.reading.value == 19  # the final box
+    assert find_answer("\\boxed{18} or \\boxed{19}").reading.hedged
+    assert not find_answer("\\boxed{18} or \\boxed{18.0}").reading.hedged
+    assert find_answer("\\boxed{18}. The final answer is \\boxed{}").void
+    assert find_answer("\\boxed{18}. Wait, I forgot 2. The answer is 20.").source == "phrase"
     assert find_answer("\\boxed{\\boxed{18}}").text == "18"  # nested: the innermost box
 
 
@@ -109,6 +112,20 @@ PATHOLOGICAL = {
     "numbers": lambda n: "1 2 " * (n // 4),
     "fractions": lambda n: "\\frac{1}{2}" * (n // 11),
     "minus signs": lambda n: "-" * n + "1",
+    "asides": lambda n: "It is 1. " + "(1). " * (n // 5),
+    "unmatched parens": lambda n: "It is 1. " + ")" * n,
+    "trailers": lambda n: "So she makes 1. " + "Check: 1 + 1 = 2. " * (n // 18),
+    "words that keep a trailer": lambda n: "1 so " * (n // 5),
+    "number words": lambda n: "So it is " + "one hundred twenty " * (n // 19),
+    "words after a numeral": lambda n: "1 " + "twenty " * (n // 7),
+    "retractions": lambda n: "\\boxed{1} " + "wait " * (n // 5),
+    "boxes offered together": lambda n: "\\boxed{1} or " * (n // 13),
+    "paired units": lambda n: "It takes " + "1 hour 2 minutes " * (n // 17),
+    "sign words": lambda n: "minus " * (n // 6) + "3",
+    "equations": lambda n: "\\boxed{" + "1 = " * (n // 4) + "2}",
+    "phrases in two spellings": lambda n: "Answer is not 1. answer is not 2. " * (n // 34),
+    "list items": lambda n: "1. a\n" * (n // 5),
+    "cut off": lambda n: "It is 1 " + "and then " * (n // 9),
 }
 
 

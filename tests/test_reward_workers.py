@@ -180,5 +180,5 @@ def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -
     assert figures["completions"] == 64 and figures["cases"] >= 150
     for key in ("single_cps", "pool_cps", "service_cps", "single_cpu_cps"):
         assert figures[key] > 0, key
-    assert figures["agree_ours"] == 1.0
+    assert figures["agree_ours"] == 1.0 and figures["real_agree_ours"] == 1.0 and figures["real_rows"] >= 160
     assert max(figures[f"agree_{b}"] for b in ("math_verify", "strict_regex", "flexible_regex")) < 1.0

@@ -8,6 +8,8 @@ and none when it commits to another value, to several, to a bound, or to nothing
 """
 from __future__ import annotations
 
+from .final_answer_cases import FINAL_ANSWER_CASES
+
 JANET = ("Janet's ducks lay 16 eggs per day. She eats 3 for breakfast and uses 4 for muffins, so "
          "16 - 3 - 4 = 9 eggs are left. She sells each egg for $2, so she makes 9 \\times 2 = 18 dollars.\n\n")
 GOLD = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day.\n#### 18"
@@ -172,7 +174,7 @@ CASES: list[tuple[str, str, str, float]] = [
     ("modifiers", "18", "\\boxed{18, 19}", 0.0),
     ("modifiers", "18", "\\boxed{18 \\pm 1}", 0.0),
     ("modifiers", "18", "First \\boxed{18}, but on second thought \\boxed{19}.", 0.0),
-    ("modifiers", "19", "First \\boxed{18}, but on second thought \\boxed{19}.", 0.0),
+    ("modifiers", "19", "First \\boxed{18}, but on second thought \\boxed{19}.", 1.0),  # a self-correction
     ("modifiers", "18", "\\boxed{18} or \\boxed{19}", 0.0),
     ("modifiers", "18", "So she makes \\boxed{18}. Final answer: \\boxed{18}", 1.0),
     ("modifiers", "18", "It is 18 dollars or 19 dollars.", 0.0),
@@ -199,6 +201,58 @@ CASES: list[tuple[str, str, str, float]] = [
     ("fractions", "0.75", "\\boxed{\\frac{3}{4}}", 1.0),
     ("fractions", "3/4", "The answer is 0.75.", 1.0),
     ("fractions", "18", "\\boxed{\\frac{37}{2}}", 0.0),
+    # --- round two (issue 28): decimals with a leading dot ---------------------------------------
+    ("leading_dot", "0.5", "\\boxed{.5}", 1.0),
+    ("leading_dot", "5", "\\boxed{.5}", 0.0),
+    ("leading_dot", "0.25", "The answer is .25.", 1.0),
+    ("leading_dot", "25", "The answer is .25.", 0.0),
+    ("leading_dot", "-0.5", "\\boxed{-.5}", 1.0),
+    ("leading_dot", "0.75", "#### .75", 1.0),
+    ("leading_dot", "0.5", "Each costs $.50.", 1.0),
+    ("leading_dot", "50", "Each costs $.50.", 0.0),
+    # --- number words of more than one word, signs in words -------------------------------------
+    ("words", "120", "The answer is one hundred twenty.", 1.0),
+    ("words", "1", "The answer is one hundred twenty.", 0.0),
+    ("words", "120", "\\boxed{\\text{one hundred and twenty}}", 1.0),
+    ("words", "2500", "The answer is two thousand five hundred dollars.", 1.0),
+    ("words", "2", "The answer is two thousand five hundred dollars.", 0.0),
+    ("words", "1200", "The answer is twelve hundred.", 1.0),
+    ("words", "17.5", "The answer is seventeen and a half.", 1.0),
+    ("words", "17", "The answer is seventeen and a half.", 0.0),
+    ("words", "0.75", "\\boxed{\\text{three quarters}}", 1.0),
+    ("words", "-3", "The answer is negative 3.", 1.0),
+    ("words", "3", "The answer is negative 3.", 0.0),
+    ("words", "-3", "\\boxed{\\text{negative three}}", 1.0),
+    ("words", "-3", "The temperature ends at minus 3 degrees.", 1.0),
+    ("words", "20", "The answer is 20 minus 3.", 0.0),
+    ("words", "18", "She sells the 9 eggs left for $2 each.\nSo she makes eighteen dollars a day.", 1.0),
+    ("words", "20", JANET + "So she makes twenty dollars a day.", 1.0),
+    ("words", "18", JANET + "So she makes twenty dollars a day.", 0.0),
+    ("words", "1", "Each one sells for $2, so she makes 18 dollars.", 0.0),
+    # --- quantities in two units that pair, and rates -------------------------------------------
+    ("quantities", "18.5", "She has 18 dollars and 50 cents left.", 1.0),
+    ("quantities", "50", "She has 18 dollars and 50 cents left.", 0.0),
+    ("quantities", "1850", "\\boxed{18 \\text{ dollars and } 50 \\text{ cents}}", 1.0),
+    ("quantities", "18.5", "The answer is $18 and 50 cents.", 1.0),
+    ("quantities", "200", "The trip takes 3 hours 20 minutes.", 1.0),
+    ("quantities", "3", "The trip takes 3 hours 20 minutes.", 0.0),
+    ("quantities", "20", "The trip takes 3 hours 20 minutes.", 0.0),
+    ("quantities", "2.5", "The answer is 2 hours and 30 minutes.", 1.0),
+    ("quantities", "3", "\\boxed{3 \\text{ hours } 20 \\text{ minutes}}", 0.0),
+    ("quantities", "66", "He is 5 feet 6 inches tall.", 1.0),
+    ("quantities", "5.5", "He is 5 feet 6 inches tall.", 1.0),
+    ("quantities", "35", "\\boxed{2 \\text{ lb } 3 \\text{ oz}}", 1.0),
+    ("quantities", "18", "The answer is \\$18/\\text{day}.", 1.0),
+    ("quantities", "18", "\\boxed{\\$18/\\text{day}}", 1.0),
+    ("quantities", "18", "She earns $18/hour.", 1.0),
+    # --- equations: the side the completion concludes with --------------------------------------
+    ("equations", "20", "\\boxed{\\frac{4}{20} = 20\\%}", 1.0),
+    ("equations", "0.2", "\\boxed{\\frac{4}{20} = 20\\%}", 1.0),
+    ("equations", "0.2", "\\boxed{\\frac{4}{20} = 25\\%}", 0.0),
+    ("equations", "0.2", "The answer is 4/20 = 25%.", 0.0),
+    ("equations", "18", "\\boxed{18 = 9 \\times 2}", 1.0),
+    ("equations", "9", "\\boxed{18 = 9 \\times 2}", 0.0),
+    ("equations", "9", "The answer is 9 × 2 = 18 dollars.", 0.0),
     # --- formulas (math-verify, in a worker process) -------------------------------------------
     ("formula", "18", "\\boxed{2 \\cdot 9}", 1.0),
     ("formula", "18", "\\boxed{\\sqrt{324}}", 1.0),
@@ -207,3 +261,4 @@ CASES: list[tuple[str, str, str, float]] = [
     ("formula", "18", "\\boxed{\\sqrt{325}}", 0.0),
     ("formula", "18", "\\boxed{3 \\times 7}", 0.0),
 ]
+CASES += FINAL_ANSWER_CASES  # which answer is final: trailers, later commitments, unfinished text

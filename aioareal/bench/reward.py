@@ -1,12 +1,14 @@
 """`bench reward`: completions/s of the GSM8K reward (one process, sharded over the reward worker
-pool, and through the reward service), and agreement with a careful grader on `tasks.grading_cases`
+pool, and through the reward service), and agreement with a careful grader on `bench.grading_cases`
 for ours, math-verify alone and the strict/flexible regex graders other RL stacks ship.
 
 Completions are built from GSM8K gold solutions (the shared data file or --data; a synthetic
 stand-in when neither exists): the question restated, the solution's lines as numbered steps with
 the calculator annotations `<<...>>` removed, and the `#### N` line replaced by one of the closing
 styles instruction-tuned models write (boxed, "The answer is", "**Final Answer:**", `#### N`, a
-closing sentence), with the right answer or a wrong one (N + 1) in turns.
+closing sentence), with the right answer or a wrong one (N + 1) in turns. Agreement is measured on
+the written cases and on real model completions labelled by hand (`bench/real_completions.jsonl`);
+`--from RUN` grades a run's own completions instead (`bench/run_completions.py`).
 """
 from __future__ import annotations
 
@@ -36,13 +38,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=8, help="completions per reward-service call (default 8)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds after one warm-up round; median (default 5)")
     p.add_argument("--agreement", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure agreement on the grading cases (default on)")
+                   help="also measure agreement on the grading cases and the labelled real completions (default on)")
+    p.add_argument("--from", dest="from_run", default=None, metavar="RUN",
+                   help="grade a run's completions (RUN/samples.jsonl, or a JSONL file) with every grader and print "
+                        "where they disagree, instead of timing")
+    p.add_argument("--completion-field", default="completion", help="with --from: the row field of the completion text")
+    p.add_argument("--answer-field", default="answer", help="with --from: the row field of the gold answer")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..rewards.pool import WorkerPool
     from ..tasks.verify import SYMBOLIC_MODULE
+    from .run_completions import run_from
 
+    if args.from_run:
+        return run_from(args.from_run, args.completion_field, args.answer_field)
     golds, texts = completions(_rows(args.data), args.completions)
     pool = WorkerPool(args.workers, preload=("aioareal.tasks.verify", SYMBOLIC_MODULE))
     try:
@@ -83,10 +93,14 @@ def completions(rows: list[dict[str, str]], n: int) -> tuple[list[str], list[str
 
 
 def agreement() -> dict[str, Any]:
-    """Fraction of the grading cases each grader scores as the careful grader did."""
+    """Fraction of the grading cases each grader scores as the careful grader did, and the same on
+    real completions labelled by hand (`real_*`)."""
     from ..tasks.verify import grade_now
     from .baselines import BASELINES
     from .grading_cases import CASES
+    from .real_completions import load
+    from .run_completions import scores as graded
+    from .run_completions import summary
 
     expected = [c[3] for c in CASES]
     scores = {"ours": grade_now([c[1] for c in CASES], [c[2] for c in CASES], 10.0)}
@@ -96,7 +110,8 @@ def agreement() -> dict[str, Any]:
         out[f"agree_{name}"] = round(sum(g == e for g, e in zip(got, expected)) / len(CASES), 3)
         out[f"false_pass_{name}"] = sum(g == 1.0 and e == 0.0 for g, e in zip(got, expected))
         out[f"false_fail_{name}"] = sum(g == 0.0 and e == 1.0 for g, e in zip(got, expected))
-    return out
+    real = load()
+    return {**out, **summary(real, graded(real), prefix="real_")}
 
 
 def _single(golds: list[str], texts: list[str]) -> None:

@@ -1,30 +1,41 @@
 """Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it.
 
-In order of how explicit the commitment is:
-1. the last `\\boxed{}` (`\\fbox{}`); boxes that disagree with each other mark the answer as a
-   conflict (two different boxed answers are no answer);
+The final answer is the last one the completion commits to. In order of how explicit the commitment is:
+1. the final `\\boxed{}` (`\\fbox{}`), the last one opened: earlier boxes are intermediate results or
+   answers corrected since ("First I thought \\boxed{20}, but ... \\boxed{18}" reads 18);
 2. a `####` marker followed by a number, GSM8K's gold format (`#### Step 2: Revenue`, `#### Final
    Answer` and `#### 1. Eggs` are markdown headings, not answers);
 3. the last "the answer is ..." / "answer: ..." phrase that is not negated ("the answer is not simply
    16; ... so she makes 18" reads 18), up to the end of its sentence (or the next line when the
    phrase ends its line);
-4. the last number of the final sentence that has one.
-What the answer says is then read by `numbers.read_span` / `numbers.read_last` (hedges, units,
-thousands separators, scale words). Every step is linear in the length of the text: the box scan is
-one pass over the braces, markers and phrases are found by scans that never revisit characters.
+4. the last number of the final statement: the last sentence with a number once trailing checks,
+   notes and asides are cut off (`trailers`); of a numbered list, its last item (not the item's
+   number); of a text cut off mid-sentence at its token limit, that unfinished sentence, or nothing.
+Prose after 1-3 replaces the answer only when it commits again: a later answer phrase ("\\boxed{24}
+... Wait, I forgot the 2 she gives away. The answer is 26." reads 26), or a retraction ("wait",
+"oops", "I forgot", "recheck", ...) followed by a new final statement. A check after the answer
+("\\boxed{18}. Check: 9 + 3 + 4 = 16 ✓") changes nothing. No answer (scores 0): a final box that is
+empty or never closed, boxes offered as alternatives (`\\boxed{18} or \\boxed{19}`, `\\boxed{18},
+\\boxed{19}`, `\\boxed{18} or maybe 19`). What the answer says is then read by `numbers.read_span` /
+`numbers.read_last`. Every step is linear in the length of the text: the box scan is one pass over
+the braces, markers and phrases are found by scans that never revisit characters.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import repeat
 
+from .boxes import Box, scan
 from .latex import clean
-from .numbers import Reading, canonical, leading, read_last, read_span
+from .number_words import last_words
+from .numbers import HEDGE, NOTHING, Reading, canonical, leading, read_last, read_span, trim
+from .trailers import is_trailer, strip_trailers
 
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BRACE = re.compile(r"[{}]")
-_PHRASE = re.compile(r"\b(?:final\s+answer|answer)\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])"
-                     r"\**", re.IGNORECASE)
+# "answer is", "final answer:", "answer would be" (matched from "answer": `_phrase` finds it by `rfind`).
+_PHRASE = re.compile(r"(?<!\w)answer\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])\**",
+                     re.IGNORECASE)
+_ANSWER = ("answer", "Answer", "ANSWER")
 _NEGATED = re.compile(r"\s*\**\s*(?:(?:definitely|certainly|clearly|actually)\s+)?(?:not|never|no\s+longer|n't)\b",
                       re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
@@ -32,6 +43,19 @@ _HEADING = re.compile(r"[\s*$]*-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid
 _MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d")
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
+_CUT_OFF = ",;:(-+=/\\{"  # a text ending in these (or a letter) stopped mid-sentence: cut off at its token limit
+_QUESTIONS = 3  # questions skipped looking for the final statement (bounded: each skip rescans)
+_LIST_MARKER = re.compile(r"[ \t]*(?:[-*][ \t]*)?\d{1,3}[.)][ \t]+(?=\S)")
+# A retraction: an interjection that stops to reconsider, or an error owned in the first person ("the
+# mistake many people make is ..." retracts nothing).
+_RETRACTION = re.compile(r"\b(?:wait|oops|hmm+|hold on|on second thought|correction:|my (?:mistake|error|bad)|"
+                         r"(?:i|we) (?:made an? (?:mistake|error)|forgot|missed|overlooked|miscalculated|misread)|"
+                         r"(?:that|this)(?: is|'s| was) (?:wrong|incorrect|not right)|re-?checking|recalculating|"
+                         r"(?:let me|let's|i'll|i need to|i should) (?:re-?check|re-?calculate|re-?do|re-?evaluate|"
+                         r"reconsider|correct|fix))\b", re.IGNORECASE)
+# Between two boxes, or after the final one: alternatives, not a correction.
+_BOXES_HEDGED = re.compile(r"[\s$*\\()\[\],;/&]*(?:(?:either|or|and|maybe|possibly|perhaps)[\s$*\\()\[\],;/&]*)*")
+_OR_AFTER = re.compile(r"[\s$*\\)\]}]*(?:or|/)\s*(?:maybe|possibly|perhaps)?\s*\\?\$?\s*[-.]?\d", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -39,29 +63,30 @@ class Found:
     text: str  # the answer as written: box contents, marker line, the phrase's number or formula
     reading: Reading
     source: str  # "boxed", "hashes", "phrase" or "last"
-    conflict: bool = False  # boxed answers that disagree
+    void: bool = False  # commits to no answer: an empty or unfinished final box
+    end: int = 0  # where the statement of the answer ends in the text
 
 
 def find_answer(text: str) -> Found | None:
-    """The answer `text` commits to, or None when it commits to none."""
+    """The answer `text` commits to last, or None when it commits to none."""
     text = text.replace("\u2212", "-")
-    for find in (_boxed, _hashes, _phrase, _last_sentence):
+    for find in (_boxed, _hashes, _phrase):
         found = find(text)
         if found is not None:
-            return found
-    return None
+            return _revised(text, found)
+    return _last_statement(text)
 
 
 def extract_answer(text: str) -> str | None:
     """The final answer of a completion or a GSM8K gold solution as written, or None if it has none."""
     found = find_answer(text)
-    return found.text if found is not None else None
+    return found.text if found is not None and not found.void else None
 
 
 def normalize_number(s: str) -> str | None:
     """Canonical string of a plain number ("$1,234.50" -> "1234.5", "\\frac{3}{4}" -> "3/4"), None if
     `s` is not exactly one number with optional units (a formula, a hedge, prose)."""
-    t = clean(s.replace("\u2212", "-")).strip(" .")
+    t = trim(clean(s.replace("\u2212", "-")))
     reading = leading(t) if t else None
     if reading is None or reading.value is None:
         return None
@@ -71,32 +96,52 @@ def normalize_number(s: str) -> str | None:
 def box_contents(text: str) -> list[str]:
     """Contents of every closed `\\boxed{}` that holds no other box, in order (one pass over the braces;
     an unclosed box is skipped)."""
-    starts = {m.end() - 1: m.end() for m in _BOX.finditer(text)}
-    if not starts:
-        return []
-    stack: list[tuple[int | None, int]] = []  # (contents start if a box, leaf boxes found when opened)
-    leaves: list[tuple[int, int]] = []
-    for m in _BRACE.finditer(text, min(starts)):
-        i = m.start()
-        if text[i] == "{":
-            stack.append((starts.get(i), len(leaves)))
-        elif stack:
-            start, seen = stack.pop()
-            if start is not None and seen == len(leaves):  # a box with no box inside
-                leaves.append((start, i))
-    return [text[a:b] for a, b in leaves]
+    return [box.text(text) for box in scan(text)[0]]
 
 
 def _boxed(text: str) -> Found | None:
     if "\\boxed" not in text and "\\fbox" not in text:
         return None
-    contents = [c.strip() for c in box_contents(text)]
-    contents = [c for c in contents if c]
-    if not contents:
+    leaves, final = scan(text)
+    if final is None:
         return None
-    readings = {c: read_span(c) for c in dict.fromkeys(contents)}
-    values = {r.value for r in readings.values() if r.value is not None}
-    return Found(contents[-1], readings[contents[-1]], "boxed", conflict=len(values) > 1)
+    if final.close is None:  # cut off inside the final box
+        return Found("", NOTHING, "boxed", void=True, end=len(text))
+    contents = final.text(text).strip()
+    if not contents:  # an empty box commits to nothing; prose after it may ("... within \boxed{}. The answer is 18")
+        rest = text[final.close + 1:]
+        later = _hashes(rest) or _phrase(rest) or _last_statement(rest)
+        return _shifted(later, final.close + 1) if later else Found("", NOTHING, "boxed", void=True, end=len(text))
+    reading = read_span(contents)
+    if _OR_AFTER.match(text, final.close + 1) or _alternatives(text, leaves, reading):
+        reading = replace(HEDGE, text=contents)
+    return Found(contents, reading, "boxed", end=final.close + 1)
+
+
+def _alternatives(text: str, leaves: list[Box], reading: Reading) -> bool:
+    """The final box offered beside an earlier one with another value ("\\boxed{18} or \\boxed{19}")."""
+    if len(leaves) < 2 or leaves[-2].close is None:
+        return False
+    before, final = leaves[-2], leaves[-1]
+    if not _BOXES_HEDGED.fullmatch(text, before.close + 1, final.start):
+        return False
+    return read_span(before.text(text)).value != reading.value
+
+
+def _revised(text: str, found: Found) -> Found:
+    """`found`, unless prose after it commits again: a later answer phrase, or a retraction followed
+    by a new final statement. A check or note after the answer ("Wait, let me double-check: ...") is
+    no retraction."""
+    if found.void or found.end >= len(text):
+        return found
+    later = _phrase(text, found.end)
+    if later is not None:
+        return _revised(text, later)
+    retraction = _RETRACTION.search(text, found.end)
+    if retraction is None or is_trailer(text[retraction.start():]):
+        return found
+    statement = _last_statement(text[retraction.start():])
+    return _shifted(statement, retraction.start()) if statement is not None else found
 
 
 def _hashes(text: str) -> Found | None:
@@ -108,46 +153,99 @@ def _hashes(text: str) -> Found | None:
             continue  # "##### Step 2", "#### Final Answer", "#### 1. Eggs": headings
         reading = read_span(line)
         if reading.value is not None or reading.hedged or reading.symbolic:
-            return Found(line.strip(), reading, "hashes")
+            return Found(line.strip(), reading, "hashes", end=pos + 4 + len(line))
     return None
 
 
-def _phrase(text: str) -> Found | None:
-    for m in reversed(list(_PHRASE.finditer(text))):
-        if _NEGATED.match(text, m.end()):
+def _phrase(text: str, start: int = 0) -> Found | None:
+    """The last answer phrase of `text[start:]` that is not negated. Found from the end by `rfind` (C
+    speed; a case-insensitive regex scan of the whole text is ten times slower), each spelling's
+    search resuming where it stopped, so the whole search is linear."""
+    found = [text.rfind(word, start) for word in _ANSWER]  # each spelling's last place, searched back once
+    while (i := max(found)) >= 0:
+        k = found.index(i)
+        found[k] = text.rfind(_ANSWER[k], start, i)
+        m = _PHRASE.match(text, i)
+        if m is None or _NEGATED.match(text, m.end()):
             continue
-        span = _phrase_span(text, m.end())
+        span, end = _phrase_span(text, m.end())
         reading = read_span(span)
-        if reading == Reading():
+        if reading == NOTHING:
             return None  # the last answer phrase says nothing readable: read the final sentence
         shown = reading.text if reading.value is not None else span.strip().strip("*").rstrip(".").strip()
-        return Found(shown, reading, "phrase")
+        return Found(shown, reading, "phrase", end=end)
     return None
 
 
-def _phrase_span(text: str, start: int) -> str:
-    """From the phrase to the end of its sentence; the next line when the phrase ends its line."""
+def _phrase_span(text: str, start: int) -> tuple[str, int]:
+    """From the phrase to the end of its sentence (the next line when the phrase ends its line), and
+    where that ends."""
     window = text[start:start + _SPAN_LIMIT]
     end = _SENTENCE_END.search(window)
     span = window[:end.start()] if end else window
     if not re.search(r"\w", span) and end is not None and window[end.start()] == "\n":
-        rest = text[start + end.end():start + end.end() + _SPAN_LIMIT].lstrip()
-        nxt = _SENTENCE_END.search(rest)
-        span = rest[:nxt.start()] if nxt else rest
-    return span
+        after = start + end.end()
+        rest = text[after:after + _SPAN_LIMIT]
+        nxt = _SENTENCE_END.search(rest, len(rest) - len(rest.lstrip()))
+        return (rest[:nxt.start()] if nxt else rest), after + (nxt.start() if nxt else len(rest))
+    return span, start + len(span)
 
 
-def _last_sentence(text: str) -> Found | None:
-    pos = max(text.rfind(d) for d in "0123456789")
-    if pos < 0:
+def _last_statement(text: str) -> Found | None:
+    """The last number of the final statement, once trailing checks, notes and asides are cut off."""
+    text = strip_trailers(text)
+    bounds = _final_statement(text)
+    if bounds is None:
         return None
-    start = max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
-    ends = [i for i in (text.find(b, pos) for b in _BREAKS) if i >= 0]
-    sentence = text[start:min(ends) if ends else len(text)]
+    sentence = text[bounds[0]:bounds[1]]
     negated = [m for m in _PHRASE.finditer(sentence) if _NEGATED.match(sentence, m.end())]
     if negated and not re.search(r"[;,]|\b(?:but|so|instead|rather)\b", sentence[negated[-1].end():]):
         return None  # "The answer is not 16.": no answer
     reading = read_last(sentence)
-    if reading == Reading():
+    if reading == NOTHING:
         return None
-    return Found(reading.text, reading, "last")
+    return Found(reading.text, reading, "last", end=len(text))
+
+
+def _final_statement(text: str) -> tuple[int, int] | None:
+    """Where the final statement is: the last sentence of a text cut off mid-sentence (it committed to
+    nothing else), the last item of a numbered list, else the last sentence with a number that is not
+    a question ("Is that 9 × 2?" states nothing; a few are skipped, then nothing is)."""
+    end = len(text.rstrip())
+    if end and (text[end - 1].isalpha() or text[end - 1] in _CUT_OFF):
+        return _sentence_start(text, end), end
+    for _ in range(_QUESTIONS):
+        bounds = _last_numbered_sentence(text, end)
+        if bounds is None or "?" not in (text[bounds[1]:bounds[1] + 1], text[bounds[0]:bounds[1]].rstrip()[-1:]):
+            return bounds
+        end = bounds[0]
+    return None
+
+
+def _last_numbered_sentence(text: str, end: int) -> tuple[int, int] | None:
+    pos = max(map(text.rfind, "0123456789", repeat(0), repeat(end)))
+    words = last_words(text, _sentence_end(text, pos, end) if pos >= 0 else 0, end)
+    if words is not None:  # "... = 18. So she makes twenty dollars a day."
+        pos = words[1]
+    if pos < 0:
+        return None
+    marker = _LIST_MARKER.match(text, text.rfind("\n", 0, pos) + 1)
+    if marker is not None and marker.end() > pos:  # "20. Each window is ...": the item, not its number
+        return marker.end(), _sentence_end(text, marker.end(), end)
+    return _sentence_start(text, pos), _sentence_end(text, pos, end)
+
+
+def _sentence_start(text: str, pos: int) -> int:
+    return max((text.rfind(b, 0, pos) + len(b) for b in _BREAKS if text.rfind(b, 0, pos) >= 0), default=0)
+
+
+def _sentence_end(text: str, pos: int, end: int | None = None) -> int:
+    """Where the sentence at `pos` ends: at its break ("." or "?" + space, a line break), or `end`."""
+    end = len(text) if end is None else end
+    ends = [i for i in (text.find(b, pos, end) for b in _BREAKS) if i >= 0]
+    return min(ends) if ends else end
+
+
+def _shifted(found: Found, offset: int) -> Found:
+    """`found` in a part of the text that starts at `offset`, with `end` in the whole text's terms."""
+    return replace(found, end=found.end + offset)

@@ -4,7 +4,7 @@ Both sides are reduced to their final answer first (`answers.find_answer`; math-
 whole GSM8K gold solution misreads 4 of the 1,319 test items, DESIGN reference facts). `grade`
 decides in-process whenever both answers read as numbers (compared as exact fractions to 6
 decimal places, absolute: a relative 1e-6 would accept 1450001 for GSM8K's 1,450,000, test item
-611), and whenever the completion has no single answer (none, a hedge, conflicting boxes). Only a
+611), and whenever the completion has no single answer (none, a hedge, an empty final box). Only a
 formula (`2 \\cdot 9`, `\\sqrt{324}`) or a symbolic gold needs math-verify: `grade` hands that back
 as a `Deferred` check, which the reward service runs in its worker pool under its timeout.
 
@@ -46,7 +46,7 @@ def grade(gold: str, completion: str) -> float | Deferred:
     """
     gold_text, g = _gold(gold)
     found = find_answer(completion)
-    if not gold_text or found is None or found.conflict or found.reading.hedged:
+    if not gold_text or found is None or found.void or found.reading.hedged:
         return 0.0
     p = found.reading
     if g.value is not None and p.value is not None:
@@ -70,11 +70,13 @@ def gold_answer(gold: str) -> str | None:
 
 
 def numbers_equal(gold: Reading, predicted: Reading) -> bool:
-    """Equal to 6 decimal places; an answer written with % also matches its value / 100."""
+    """Equal to 6 decimal places; an answer written with % also matches its value / 100, and one in
+    paired units ("3 hours 20 minutes") matches its value in any of them (10/3 or 200)."""
     assert gold.value is not None and predicted.value is not None
-    if abs(gold.value - predicted.value) <= TOLERANCE:
+    if gold.value == predicted.value or abs(gold.value - predicted.value) <= TOLERANCE:  # runs per completion
         return True
-    return predicted.percent and abs(gold.value - predicted.value / 100) <= TOLERANCE
+    others = (*predicted.also, *((predicted.value / 100,) if predicted.percent else ()))
+    return any(abs(gold.value - v) <= TOLERANCE for v in others)
 
 
 def math_equal(gold: str, predicted_text: str, timeout_s: float = 5.0) -> float:
