@@ -79,6 +79,9 @@ class ArithmeticConfig:
 
     digits: int = doc("max digits per operand", 2)
     ops: str = doc("operators to draw from", "+")
+    style: Literal["raw", "chat"] = doc("raw: '23+45=' -> '68' (the tiny model's format); chat: 'What is 23 + 45? "
+                                        "Put the final answer in \\boxed{}.' through the chat template, graded "
+                                        "by the GSM8K grader (an instruct model's format)", "raw")
 
     def __post_init__(self) -> None:
         check(1 <= self.digits <= 6, "arithmetic.digits", f"must be in 1..6, got {self.digits}")

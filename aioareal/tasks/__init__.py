@@ -50,7 +50,8 @@ def _base_task(config: Config) -> Task:
     if d.task in ("file", "hub"):
         return _custom_task(config)
     if d.task == "arithmetic":
-        return ArithmeticTask(config.arithmetic.digits, config.arithmetic.ops, d.eval_size, d.shuffle_seed)
+        a = config.arithmetic
+        return ArithmeticTask(a.digits, a.ops, d.eval_size, d.shuffle_seed, style=a.style)
     if d.task == "gsm8k":
         from .gsm8k import GSM8KTask
 

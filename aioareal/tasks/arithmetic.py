@@ -1,4 +1,8 @@
-"""Synthetic arithmetic: 'a+b=' -> 'c', generated in code, exact-match verified.
+"""Synthetic arithmetic, generated in code, in two styles:
+
+  raw   '23+45=' -> '68', exact match: the tiny model's format (no chat template)
+  chat  'What is 23 + 45? Put the final answer in \\boxed{}.' through the chat template, graded by
+        the GSM8K grader (the last committed answer, read as a number): an instruct model's format
 
 Every operand pair is enumerated once and split by a seeded shuffle, so held-out prompts are
 never seen in training (nor in the tiny model's warm-start).
@@ -9,17 +13,22 @@ import itertools
 import random
 
 from .base import Example
+from .verify import Deferred, grade, grade_now
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+INSTRUCTION = "Put the final answer in \\boxed{}."
 
 
 class ArithmeticTask:
     name = "arithmetic"
-    chat = False
 
     def __init__(self, digits: int = 2, ops: str = "+", eval_size: int = 200, seed: int = 1234,
-                 max_pool: int = 200_000) -> None:
+                 max_pool: int = 200_000, style: str = "raw") -> None:
+        if style not in ("raw", "chat"):
+            raise ValueError(f"style must be 'raw' or 'chat', got {style!r}")
         self.digits, self.ops, self.eval_size, self.seed, self.max_pool = digits, ops, eval_size, seed, max_pool
+        self.style = style
+        self.chat = style == "chat"  # the renderer wraps chat prompts in the tokenizer's template
 
     def splits(self) -> tuple[list[Example], list[Example]]:
         rng = random.Random(self.seed)
@@ -34,14 +43,20 @@ class ArithmeticTask:
                 seen.add((rng.randrange(top), rng.choice(self.ops), rng.randrange(top)))
             triples = sorted(seen)
             rng.shuffle(triples)
-        examples = [self.example(a, op, b) for a, op, b in triples]
+        examples = [self.example(a, op, b, self.style) for a, op, b in triples]
         return examples[self.eval_size:], examples[: self.eval_size]
 
     @staticmethod
-    def example(a: int, op: str, b: int) -> Example:
+    def example(a: int, op: str, b: int, style: str = "raw") -> Example:
         answer = str(OPERATORS[op](a, b))
-        return Example(uid=f"{a}{op}{b}", prompt=f"{a}{op}{b}=", answer=answer,
-                       row={"a": a, "b": b, "op": op, "answer": answer})
+        prompt = f"{a}{op}{b}=" if style == "raw" else f"What is {a} {op} {b}? {INSTRUCTION}"
+        return Example(uid=f"{a}{op}{b}", prompt=prompt, answer=answer, row={"a": a, "b": b, "op": op, "answer": answer})
 
     def score(self, completion: str, example: Example) -> float:
-        return float(completion.strip() == example.answer)
+        if self.style == "raw":
+            return float(completion.strip() == example.answer)
+        return grade_now([example.answer], [completion])[0]
+
+    def grade(self, completion: str, example: Example) -> float | Deferred:
+        """The reward service's form (the chat style's answers are numbers: decided in the thread)."""
+        return self.score(completion, example) if self.style == "raw" else grade(example.answer, completion)
