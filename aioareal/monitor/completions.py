@@ -23,7 +23,8 @@ NUMBERS = ("step", "reward")  # fields every row must hold, as numbers, to be se
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aioareal samples",
-                                description="Print what the model wrote: completions from a run's samples.jsonl.")
+                                description="Print what the model wrote: completions from a run's samples.jsonl, "
+                                            "the latest K in file order unless --best or --worst sorts them.")
     p.add_argument("run", metavar="RUN", help="a run directory (holds samples.jsonl)")
     p.add_argument("--step", type=int, help="only the samples trained at this step")
     order = p.add_mutually_exclusive_group()
