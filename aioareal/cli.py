@@ -134,10 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         from .simulate.command import main as simulate_main
 
         return simulate_main(a)
+
+    def samples(a: list[str]) -> int:  # imported on use, like bench
+        from .monitor.completions import main as samples_main
+
+        return samples_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
                                                          "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
-                                                         "bench": bench, "simulate": simulate}
+                                                         "bench": bench, "simulate": simulate, "samples": samples}
     if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
         print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
               file=sys.stderr)

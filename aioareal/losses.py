@@ -10,6 +10,7 @@ and every data-dependent choice is a `torch.where`.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -81,6 +82,27 @@ def decoupled_token_loss(logp: Tensor, prox_logp: Tensor, behav_logp: Tensor, ad
         w = w.clamp(max=behav_cap)
     surrogate, clipped = ppo_token_loss(logp, prox_logp, adv, eps_low, eps_high)
     return w * surrogate, clipped, capped
+
+
+def tis_weight(old_logp: Tensor, behav_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings
+    you off-policy RL training"): the engine samples with log-probs log pi_behav that differ from the
+    trainer's log pi_old for the same weights (bf16 generator, other kernels); the per-token weight
+    min(pi_old / pi_behav, cap), without gradient, corrects for that mismatch and bounds its variance.
+
+    old_logp, behav_logp: (N, T) -> weights (N, T), detached."""
+    return torch.exp(old_logp.detach() - behav_logp.detach()).clamp(max=cap)
+
+
+def tis_behaviour_logp(old_logp: Tensor, behav_logp: Tensor, cap: float) -> Tensor:
+    """The behaviour log-probs PPO's ratio divides by under truncated importance sampling. The ratio
+    pi / pi_behav factors as (pi / pi_old) * (pi_old / pi_behav); truncating the second factor at
+    `cap` gives r = (pi / pi_old) * min(pi_old / pi_behav, cap), i.e. the denominator
+    log pi_behav' = max(log pi_behav, log pi_old - log cap). cap = inf returns `behav_logp` itself.
+
+    old_logp, behav_logp: (N, T) -> (N, T), detached."""
+    floor = old_logp.detach() - math.log(cap)  # -inf when cap = inf
+    return torch.maximum(behav_logp.detach(), floor)
 
 
 def dg_token_loss(logp: Tensor, adv: Tensor, eta: float = 1.0) -> tuple[Tensor, Tensor]:

@@ -3,7 +3,7 @@ to the trainer (DESIGN "Terms"):
 
     orchestrator   Group(group_id, prompt_ids, size, example, admitted_version, admitted_at, cursor)
     engine         fills `samples`: one Sample per completion, tokens + behaviour log-probs + versions
-    reward service sets each sample's `reward` (and the group's `reward_failures`)
+    reward service sets each completion's `text` and each sample's `reward` (and the group's `reward_failures`)
     trainer        sets each sample's `advantage`, trains on the group
 
 Evaluation and the benchmarks submit Groups too, with no example or with forced lengths."""
@@ -22,6 +22,9 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str = ""  # "stop" (an EOS token) or "length" (max_new_tokens or context)
+    # The tokens decoded, as the reward service scored them (set by its `score_group`, which decodes
+    # them anyway, off the event loop); None where no scorer decoded them (or its call timed out first).
+    text: str | None = None
 
 
 @dataclass(slots=True)

@@ -32,6 +32,12 @@ class AlgoConfig:
         "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions; "
         "none computes no proximal policy (ppo and dg need none)", "recompute")
     dg_eta: float = doc("Delightful PG gate temperature", 1.0)
+    tis_cap: float | None = doc(
+        "truncated importance sampling on the engine/trainer mismatch (Yao et al. 2025): w = min(pi_old / "
+        "pi_behav, C) per token, pi_old = the trainer's log-probs at the step's start (one extra no-grad forward "
+        "when a step makes several updates); ppo: its ratio becomes (pi / pi_old) * w, clipped as before "
+        "(inf = plain ppo); dg: w multiplies its loss (inf = full importance weight); decoupled: refused, its "
+        "behaviour weight already does this (algo.behav_cap); null = off", None)
     lr: float = doc("AdamW learning rate", 1e-4)
     weight_decay: float = doc("AdamW weight decay", 0.0)
     adam_beta2: float = doc("AdamW beta2", 0.99)
@@ -50,6 +56,11 @@ class AlgoConfig:
         check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
         check(self.behav_cap > 1, "algo.behav_cap", f"must be > 1, got {self.behav_cap}")
         check(self.dg_eta > 0, "algo.dg_eta", f"must be > 0, got {self.dg_eta}")
+        check(self.tis_cap is None or self.tis_cap > 0, "algo.tis_cap",
+              f"must be > 0 (or null = off), got {self.tis_cap}")
+        check(self.tis_cap is None or self.objective != "decoupled", "algo.tis_cap",
+              "the decoupled objective already weights each token by pi_prox / pi_behav, capped at algo.behav_cap "
+              "(behav_cap_mode=clamp is truncated importance sampling); unset algo.tis_cap, or use ppo or dg")
         check(self.objective != "decoupled" or self.prox != "none", "algo.prox",
               "the decoupled objective needs a proximal policy: set algo.prox to recompute or loglinear")
         check(self.lr > 0, "algo.lr", f"must be > 0, got {self.lr}")

@@ -208,6 +208,8 @@ class RunConfig:
     run_dir: str | None = doc("output directory (default runs/<mode>-<objective>-<time>)", None)
     seed: int = doc("seed for sampling, initialisation and data order", 0)
     dashboard: Literal["auto", "on", "off"] = doc("live dashboard: auto = on when stdout is a terminal", "auto")
+    sample_text_chars: int = doc("characters of each completion's text kept in samples.jsonl (the rest cut, marked "
+                                 "with …); the prompt's text is kept when it fits in this and 500; 0 = no text", 4000)
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
     cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
@@ -224,6 +226,8 @@ class RunConfig:
         check(len(set(self.trackers)) == len(self.trackers), "run.trackers", f"names a tracker twice: {self.trackers}")
         check(self.cpu_threads >= 0, "run.cpu_threads", f"must be >= 0 (0 = auto), got {self.cpu_threads}")
         check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+        check(self.sample_text_chars >= 0, "run.sample_text_chars",
+              f"must be >= 0 characters (0 = no text), got {self.sample_text_chars}")
         check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
 
 

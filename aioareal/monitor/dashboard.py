@@ -1,4 +1,5 @@
-"""The live terminal dashboard, and the plain one-line-per-step format used when there is no TTY.
+"""The live terminal dashboard (the plain one-line-per-step format used when there is no TTY is in
+monitor/plain.py).
 
 Design: the dashboard only reads a `Snapshot` (monitor/live.py), which the event loop builds and
 swaps in whole. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there to fetch
@@ -11,10 +12,8 @@ panel instead of raising into the run.
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
@@ -24,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .live import Snapshot
+from .plain import fmt, plain_line, wants_dashboard  # noqa: F401 -- the no-TTY path, long imported from here
 
 TICKS = "▁▂▃▄▅▆▇█"
 EIGHTHS = "▏▎▍▌▋▊▉█"
@@ -77,10 +77,6 @@ def hms(seconds: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
-
-
 def _line(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
 
@@ -111,6 +107,8 @@ def _learning(s: Snapshot, width: int) -> list[Text]:
         # How far off-policy the trained tokens are, and what the decoupled cap removes.
         _line(("w behav ", "dim"), f"{fmt(s.behav_weight_mean, '.3f')} max {fmt(s.behav_weight_max, '.2f'):<7}",
               ("capped ", "dim"), fmt(s.capped_frac, ".3f")),
+        # Engine vs trainer on the trainer's own version's tokens: should stay near 0; growth collapses runs.
+        _line(("logp gap ", "dim"), f"{fmt(s.logprob_gap_mean, '.4f')} max {fmt(s.logprob_gap_max, '.3f')}"),
     ]
 
 
@@ -164,6 +162,22 @@ def _staleness(s: Snapshot, width: int) -> list[Text]:
                     _line(("rewards  ", "dim"), f"failures {s.reward_failures}")]
 
 
+COMPLETION_LINES = 2
+
+
+def _completion(s: Snapshot, width: int) -> tuple[str, list[Text]]:
+    """The latest trained completion, its whitespace folded and control characters escaped (a model can
+    write terminal escapes), cut to COMPLETION_LINES lines of `width`."""
+    if s.completion_reward is None:
+        return "latest completion", [_line(("  no trained batches yet", "dim"))]
+    title = f"latest completion · step {s.completion_step} · reward {fmt(s.completion_reward, '.3f')}"
+    if s.completion is None:
+        return title, [_line(("  no text (run.sample_text_chars=0)", "dim"))]
+    flat = " ".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in word) for word in s.completion.split())
+    cuts = [flat[i * width:(i + 1) * width] for i in range(COMPLETION_LINES - 1)]
+    return title, [_line(cut) for cut in cuts] + [_line(flat[(COMPLETION_LINES - 1) * width:])]
+
+
 def _header(s: Snapshot) -> Panel:
     total = max(s.steps_total, 1)
     info = _line(("mode ", "dim"), (s.mode, "bold"), ("  ·  K ", "dim"), str(s.max_staleness),
@@ -208,6 +222,7 @@ class _Screen:
             grid.add_column(ratio=1)
             grid.add_row(_panel(lt, left, height), _panel(rt, right, height))
             yield grid
+        yield _panel(*_completion(s, width - 4))
 
 
 def render(snap: Snapshot, header: RenderableType | None = None) -> RenderableType:
@@ -250,41 +265,3 @@ class Dashboard:
 
     def __exit__(self, *exc: Any) -> None:
         self.live.__exit__(*exc)
-
-
-def wants_dashboard(setting: str, stream: TextIO | None = None) -> bool:
-    """'on', 'off', or 'auto': on only for an interactive terminal (not a pipe, file or TERM=dumb)."""
-    if setting not in ("on", "off", "auto"):
-        raise ValueError(f"dashboard setting '{setting}': expected 'on', 'off' or 'auto'")
-    if setting != "auto":
-        return setting == "on"
-    stream = sys.stdout if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and os.environ.get("TERM", "") != "dumb"
-
-
-def _num(row: dict[str, Any], key: str) -> float | None:
-    value = row.get(key)
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def plain_line(row: dict[str, Any], steps: int | None = None) -> str:
-    """One line per step for logs and pipes; missing, None or NaN fields are left out."""
-    step = f"step {row.get('step', 0):>{len(str(steps)) if steps else 4}}" + (f"/{steps}" if steps else "")
-    parts = [step, f"t {fmt(_num(row, 'time'), '7.1f')}s"]
-    for key, label, spec in (("reward_mean", "reward", ".3f"), ("loss", "loss", "+.4f"), ("kl", "kl", ".4f")):
-        if _num(row, key) is not None:
-            parts.append(f"{label} {row[key]:{spec}}")
-    if _num(row, "staleness_mean") is not None:
-        parts.append(f"stale {row['staleness_mean']:.2f}/{fmt(_num(row, 'staleness_max'), '.0f')}")
-    for key, label in (("gen_tokens_per_s", "gen"), ("train_tokens_per_s", "train")):
-        if _num(row, key) is not None:
-            parts.append(f"{label} {row[key]:,.0f} tok/s")
-    gen_idle, train_idle = _num(row, "gen_idle_frac"), _num(row, "train_idle_frac")
-    if gen_idle is not None or train_idle is not None:
-        parts.append(f"idle gen {fmt(gen_idle, '.0%')} train {fmt(train_idle, '.0%')}")
-    if row.get("dropped_stale"):
-        parts.append(f"dropped {row['dropped_stale']}")
-    if _num(row, "eval_pass_rate") is not None:
-        parts.append(f"eval {row['eval_pass_rate']:.3f}")
-    return " | ".join(parts)

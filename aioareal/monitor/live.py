@@ -51,6 +51,11 @@ class Snapshot:
     behav_weight_mean: float | None = None  # pi_prox (or pi) / pi_behav over trained tokens: how off-policy
     behav_weight_max: float | None = None
     capped_frac: float | None = None  # decoupled: tokens whose behaviour weight is over algo.behav_cap
+    logprob_gap_mean: float | None = None  # |log pi_trainer - log pi_behav| on the trainer's version's tokens
+    logprob_gap_max: float | None = None
+    completion: str | None = None  # the latest trained sample's text (samples.jsonl's, already cut)
+    completion_reward: float | None = None  # and its reward, at step `completion_step`
+    completion_step: int = 0
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
     train_phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last step
     gen_phases: dict[str, float] = field(default_factory=dict)  # generator seconds per phase, same interval
@@ -80,10 +85,15 @@ class LiveState:
         self.staleness: deque[Counter] = deque(maxlen=self.STALENESS_BATCHES)
         self.step_times: deque[tuple[int, float]] = deque(maxlen=20)
         self.counters: dict[str, int] = {}
+        self.last_sample: dict[str, Any] = {}  # the latest samples.jsonl row: the dashboard shows its text
         self.latest = self.base  # what the dashboard draws; replaced whole by `refresh`
 
-    def record(self, row: dict[str, Any], staleness: list[int] | None = None) -> None:
+    def record(self, row: dict[str, Any], staleness: list[int] | None = None,
+               sample: dict[str, Any] | None = None) -> None:
+        """A step's metrics row, its samples' staleness and its latest sample row (on the loop's thread)."""
         self.last_row = row
+        if sample is not None:
+            self.last_sample = sample
         if row.get("eval_pass_rate") is not None:
             self.evals.append((row["step"], row["eval_pass_rate"]))
         if row.get("reward_mean") is None:  # the step-0 evaluation row
@@ -123,8 +133,12 @@ class LiveState:
         snap.eta = self._eta(snap.step, snap.steps_total)
         for key in ("gen_tokens_per_s", "train_tokens_per_s", "samples_per_s"):
             setattr(snap, key, row.get(key) or 0.0)
-        for key in ("loss", "kl", "grad_norm", "clip_frac", "behav_weight_mean", "behav_weight_max", "capped_frac"):
+        for key in ("loss", "kl", "grad_norm", "clip_frac", "behav_weight_mean", "behav_weight_max", "capped_frac",
+                    "logprob_gap_mean", "logprob_gap_max"):
             setattr(snap, key, row.get(key))
+        sample = self.last_sample
+        snap.completion, snap.completion_reward = sample.get("text"), sample.get("reward")
+        snap.completion_step = sample.get("step", 0)
         snap.dropped_stale = row.get("groups_dropped_stale", 0)
         snap.rejected = row.get("groups_rejected", 0)
         snap.reward_failures = row.get("reward_failures", 0)

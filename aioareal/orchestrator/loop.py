@@ -40,6 +40,7 @@ class Schedule:
     steps: int
     eval_every: int = 0
     drop_constant_groups: bool = False  # reject groups whose rewards are all equal (zero advantage)
+    sample_text_chars: int = 0  # characters of each completion's text in the sample rows (run.sample_text_chars)
 
 
 class Hooks(Protocol):
@@ -272,7 +273,7 @@ class Orchestrator:
             row = step_row(step, trained_version, groups, metrics, train_seconds, before, now,
                            self._counters(dropped))
             before = now
-            samples = sample_rows(step, trained_version, groups, now.time)
+            samples = sample_rows(step, trained_version, groups, now.time, self.s.sample_text_chars)
             await self._report(StepReport(step, row, samples, groups, self.state(step)))
             self._wake.set()
         if self.stop_requested and self.train.version < self.s.steps:

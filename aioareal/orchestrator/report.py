@@ -75,7 +75,21 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
     }
 
 
-def sample_rows(step: int, trained_version: int, groups: list[Group], now: float) -> list[dict[str, Any]]:
+PROMPT_TEXT_CHARS = 500  # a longer prompt is left out of the sample rows: find it by its prompt_id
+
+
+def clip_text(text: str | None, limit: int) -> str | None:
+    """The first `limit` characters of `text`, then "…" where it was cut; None for limit 0 (no text)."""
+    if text is None or limit == 0:
+        return None
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def sample_rows(step: int, trained_version: int, groups: list[Group], now: float,
+                text_chars: int = 0) -> list[dict[str, Any]]:
+    """One samples.jsonl row per trained sample: what the model wrote (`text`, cut at `text_chars`,
+    run.sample_text_chars), to which prompt (`prompt_id`, the task row's uid; `prompt`, its text
+    when short), and what it earned."""
     return [{
         "step": step,
         "group_id": g.group_id,
@@ -89,4 +103,12 @@ def sample_rows(step: int, trained_version: int, groups: list[Group], now: float
         "admitted_at": g.admitted_at,
         "finished_at": g.finished_at,
         "trained_at": now,
+        "prompt_id": g.example.uid if g.example else None,
+        "prompt": _short_prompt(g, text_chars),
+        "text": clip_text(s.completion.text, text_chars),
     } for g in groups for s in g.samples]
+
+
+def _short_prompt(group: Group, text_chars: int) -> str | None:
+    prompt = group.example.prompt if group.example else None
+    return prompt if prompt is not None and len(prompt) <= min(text_chars, PROMPT_TEXT_CHARS) else None

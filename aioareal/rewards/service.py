@@ -2,7 +2,8 @@
 
 A call scores one group in two stages, both inside the call's deadline (`timeout_s` from its start):
 
-1. In-process, in a daemon thread (`threads.py`, reused): decode, then run the scorer. Bounded work finishes here (the
+1. In-process, in a daemon thread (`threads.py`, reused): decode, then run the scorer (`score_group` keeps the
+   texts on the completions, for samples.jsonl: decoded once, never on the event loop). Bounded work finishes here (the
    GSM8K fast path: linear-time answer finding, exact fractions), and so do users' reward
    functions under `reward.isolation=thread`. Python cannot kill a thread: a call that overruns is
    abandoned (`stats.hung`) without holding one of the `workers` slots, and MAX_HUNG of them end
@@ -46,7 +47,7 @@ class Scoreable(Protocol):
     example: Any
 
     @property
-    def completions(self) -> Sequence[Any]: ...  # each with its `tokens`
+    def completions(self) -> Sequence[Any]: ...  # each with its `tokens`, and a `text` it sets
 
 
 @dataclass
@@ -85,16 +86,24 @@ class RewardService:
         return self._pool
 
     async def score_group(self, group: Scoreable) -> tuple[list[float], int]:
-        """Scores of a finished group's completions against its example, and how many failed."""
-        completions = [c.tokens for c in group.completions]
-        return await self.score(completions, [group.example] * len(completions))
+        """Scores of a finished group's completions against its example, and how many failed; sets
+        each completion's `text` to its decoded tokens (kept even when its check failed)."""
+        completions = group.completions
+        decoded: list[list[str]] = []
+        scores = await self.score([c.tokens for c in completions], [group.example] * len(completions), decoded)
+        for completion, text in zip(completions, decoded[0] if decoded else []):
+            completion.text = text
+        return scores
 
-    async def score(self, completions: list[list[int]], examples: Sequence[Any]) -> tuple[list[float], int]:
-        """Scores for a group's completions and the number of them whose check failed (scored 0)."""
+    async def score(self, completions: list[list[int]], examples: Sequence[Any],
+                    decoded: list[list[str]] | None = None) -> tuple[list[float], int]:
+        """Scores for a group's completions and the number of them whose check failed (scored 0).
+        `decoded` receives the texts as its one element once stage 1 decoded them (a call that times
+        out before that leaves it empty)."""
         async with self._slot():  # at most `workers` stage-1 threads; a hung one gives its slot back
             self._check_hung()
             deadline = time.monotonic() + self.timeout_s
-            staged = await self._in_process(completions, list(examples))
+            staged = await self._in_process(completions, list(examples), decoded)
         if isinstance(staged, Outcome):  # the whole call failed in stage 1
             return self._failed_call(staged, len(completions))
         entries = await self._run_deferred(staged, len(completions), deadline)
@@ -114,7 +123,8 @@ class RewardService:
             self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
         return self._slots
 
-    async def _in_process(self, completions: list[list[int]], examples: list[Any]) -> Any:
+    async def _in_process(self, completions: list[list[int]], examples: list[Any],
+                          decoded: list[list[str]] | None) -> Any:
         """The scorer's result, or an Outcome when it timed out or raised."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[Any] = loop.create_future()
@@ -124,7 +134,7 @@ class RewardService:
                 result.set_result(value)
 
         def work() -> None:
-            value = self._run_scorer(completions, examples)
+            value = self._run_scorer(completions, examples, decoded)
             try:
                 loop.call_soon_threadsafe(deliver, value)
             except RuntimeError:  # the loop closed while a hung verifier ran: nobody waits any more
@@ -139,9 +149,12 @@ class RewardService:
                 self.stats.hung = len(self._abandoned)
             return Outcome("timeout", message=f"scorer still running after {self.timeout_s}s")
 
-    def _run_scorer(self, completions: list[list[int]], examples: list[Any]) -> Any:
+    def _run_scorer(self, completions: list[list[int]], examples: list[Any], decoded: list[list[str]] | None) -> Any:
         try:
-            value = self.scorer([self.decode(c) for c in completions], examples)
+            texts = [self.decode(c) for c in completions]
+            if decoded is not None:  # one append, atomic under the GIL: the loop sees no texts or all of them
+                decoded.append(texts)
+            value = self.scorer(texts, examples)
             return list(value) if isinstance(value, Iterator) else value  # drain a generator here, not on the loop
         except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
             return Outcome("error", message=f"{type(e).__name__}: {e}")

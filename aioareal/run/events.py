@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..monitor.dashboard import plain_line
+from ..monitor.plain import plain_line
 
 
 class Stoppable(Protocol):

@@ -22,8 +22,9 @@ from ..devices import cpu_threads, threads_restored
 from ..errors import RunStopped, UserError
 from ..generation import Engine
 from ..models import eos_token_ids, load_tokenizer, lora
-from ..monitor.dashboard import Dashboard, wants_dashboard
+from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
+from ..monitor.plain import wants_dashboard
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompts import PromptSource
@@ -108,7 +109,7 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
     c = parts.config
 
     def show(report: StepReport) -> None:
-        parts.live.record(report.row, report.staleness or None)
+        parts.live.record(report.row, report.staleness or None, report.samples[-1] if report.samples else None)
         parts.live.refresh()
         printer(report.row)
 
@@ -125,7 +126,7 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
 async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:
     c = parts.config
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
-                        c.train.steps, c.eval.every, c.algo.drop_constant_groups)
+                        c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts, parts.rewards.score_group,
                                 parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,
                                 score_counters=parts.rewards.stats.metrics)

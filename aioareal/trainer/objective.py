@@ -1,4 +1,6 @@
-"""The per-micro-batch objective: ppo | decoupled | dg, plus the k3 KL penalty (DESIGN rule 4).
+"""The per-micro-batch objective: ppo | decoupled | dg, optionally truncated importance sampling on
+the engine/trainer mismatch (algo.tis_cap), plus the k3 KL penalty (DESIGN rule 4); and the
+statistics each micro-batch adds to the step's (behaviour weights, the engine/trainer log-prob gap).
 
 Loss math lives in `aioareal.losses` as pure functions; this module only picks and wires them.
 """
@@ -51,18 +53,43 @@ def behaviour_stats(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor,
             "stale_tokens": ((mb.versions < prox_version) & mask).sum()}
 
 
-def micro_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, totals: Totals,
-               prox_version: float, theta_version: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Scalar loss (already normalised by the mini-batch totals) and summed per-token stats."""
-    mask, adv = mb.loss_mask, mb.advantages
-    prox = None
-    if cfg.objective == "decoupled":
-        prox = mb.prox_logp if mb.prox_logp is not None else loglinear_prox(
-            logp, mb.behav_logp, mb.versions, prox_version, theta_version)
-    stats = behaviour_stats(cfg, mb, logp if prox is None else prox, prox_version)
+def gap_stats(mb: MicroBatch, trainer_logp: torch.Tensor, version: float) -> dict[str, torch.Tensor]:
+    """Engine/trainer agreement: |log pi_trainer - log pi_behav| on the loss tokens sampled by the
+    version the trainer holds (`version`), summed, counted, and its max. Tokens of another version
+    are left out: their gap measures staleness, not the mismatch between the two implementations.
+    Its silent growth (a bf16 generator against an fp32 trainer) is what collapses runs."""
+    fresh = mb.loss_mask & (mb.versions == version)  # (N, T)
+    gap = torch.where(fresh, (trainer_logp.detach() - mb.behav_logp).abs(), torch.zeros_like(mb.behav_logp))
+    return {"logprob_gap": gap.sum(), "logprob_gap_tokens": fresh.sum(), "logprob_gap_max": gap.amax()}
+
+
+def start_logp(mb: MicroBatch, logp: torch.Tensor, first_update: bool) -> torch.Tensor | None:
+    """The trainer's log-probs at the start of the step (no grad), where this micro-batch has them:
+    recomputed before the update (decoupled's pi_prox, or algo.tis_cap with several updates), or
+    this very forward while no update has happened yet (the first mini-batch of the first epoch:
+    for ppo/dg with algo.minibatches > 1 the gap is measured on that mini-batch alone, rather
+    than pay a forward pass over the others only to measure it)."""
+    if mb.prox_logp is not None:
+        return mb.prox_logp
+    return logp.detach() if first_update else None
+
+
+def policy_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, prox: torch.Tensor | None,
+                old: torch.Tensor | None, stats: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss (N, T) and clipped tokens (N, T) of the configured objective; adds its own
+    statistics to `stats`. With algo.tis_cap (ppo and dg; the config refuses it for decoupled,
+    whose weight pi_prox / pi_behav already corrects the mismatch), `old` = start_logp:
+      ppo: ratio (pi / pi_old) * min(pi_old / pi_behav, C), clipped as PPO's (C = inf: plain ppo);
+      dg:  DG's per-token loss times min(pi_old / pi_behav, C) (C = inf: full importance weight)."""
+    mask, adv, tis = mb.loss_mask, mb.advantages, cfg.tis_cap
+    if tis is not None:
+        if old is None:
+            raise ValueError("algo.tis_cap needs the trainer's log-probs at the step's start (fill_fixed_logprobs)")
+        stats["tis_capped"] = ((torch.exp(old - mb.behav_logp) > tis) & mask).sum()
     if cfg.objective == "ppo":
-        per_token, clipped = losses.ppo_token_loss(logp, mb.behav_logp, adv, cfg.clip_eps_low, cfg.clip_eps_high)
-    elif prox is not None:
+        behav = mb.behav_logp if tis is None else losses.tis_behaviour_logp(old, mb.behav_logp, tis)
+        return losses.ppo_token_loss(logp, behav, adv, cfg.clip_eps_low, cfg.clip_eps_high)
+    if prox is not None:
         per_token, clipped, capped = losses.decoupled_token_loss(
             logp, prox, mb.behav_logp, adv, cfg.clip_eps_low, cfg.clip_eps_high, cfg.behav_cap, cfg.behav_cap_mode)
         stats["capped"] = (capped & mask).sum()
@@ -70,10 +97,28 @@ def micro_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, totals: Tota
         # made more likely; with A > 0 it only stops pushing an already-learned one (like PPO's clip).
         negative = (adv if adv.dim() == logp.dim() else adv.unsqueeze(-1)) < 0  # (N, T) or (N, 1)
         stats["capped_neg"] = (capped & mask & negative).sum()
-    else:
-        per_token, gate = losses.dg_token_loss(logp, adv, cfg.dg_eta)
-        clipped = torch.zeros_like(mask)
-        stats["dg_gate"] = (gate.detach() * mask).sum()
+        return per_token, clipped
+    per_token, gate = losses.dg_token_loss(logp, adv, cfg.dg_eta)
+    stats["dg_gate"] = (gate.detach() * mask).sum()
+    if tis is not None:
+        per_token = per_token * losses.tis_weight(old, mb.behav_logp, tis)
+    return per_token, torch.zeros_like(mask)
+
+
+def micro_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, totals: Totals,
+               prox_version: float, theta_version: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Scalar loss (already normalised by the mini-batch totals) and summed per-token stats."""
+    mask = mb.loss_mask
+    prox = None
+    if cfg.objective == "decoupled":
+        prox = mb.prox_logp if mb.prox_logp is not None else loglinear_prox(
+            logp, mb.behav_logp, mb.versions, prox_version, theta_version)
+    stats = behaviour_stats(cfg, mb, logp if prox is None else prox, prox_version)
+    # The first update of the step sees the weights of its start (the policy's version is the trainer's).
+    old = start_logp(mb, logp, first_update=theta_version == prox_version)
+    if old is not None:  # decoupled recomputed: every update; the mean and max are the same over epochs
+        stats.update(gap_stats(mb, old, prox_version))
+    per_token, clipped = policy_loss(cfg, mb, logp, prox, old, stats)
     stats["clipped"] = (clipped & mask).sum()
     if cfg.kl_coef > 0:
         kl = losses.k3_kl(logp, mb.ref_logp)

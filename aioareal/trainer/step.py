@@ -22,7 +22,7 @@ def train_step(trainer: Trainer, groups: list[Group],
         assign_advantages(groups, trainer.algo.adv_std_norm)
     with timer("pack", host=True):  # mini-batches of whole groups, packed into micro-batches by token budget
         minibatches = trainer.pack(groups)
-    with timer("fixed_logprobs"):  # pi_prox (decoupled, recomputed) and the KL reference, no grad
+    with timer("fixed_logprobs"):  # pi_prox (decoupled; tis_cap's pi_old) and the KL reference, no grad
         trainer.fill_fixed_logprobs(minibatches)
     sums = StepSums()
     updates = trainer.algo.ppo_epochs * len(minibatches)

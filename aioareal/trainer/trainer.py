@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -26,6 +25,7 @@ from .logprobs import TokenLogprobs, token_logprobs
 from .objective import Totals, micro_loss
 from .optim import adamw_kind
 from .prefix_tree import use_tree
+from .stats import StepSums, read_back, step_figures
 from .varlen import use_varlen
 
 
@@ -40,22 +40,6 @@ class NonFiniteError(UserError):
 SCALER_CALIBRATION_SKIPS = 16
 # A rare non-finite update (one bad batch) is skipped; this many in a row means the run diverged.
 MAX_CONSECUTIVE_SKIPS = 5
-
-
-@dataclass
-class StepSums:
-    """Per-token statistics summed on the device over a step, read back once in `summary`."""
-
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)
-    norms: list[torch.Tensor] = field(default_factory=list)
-    updates: int = 0
-
-
-def _combine(key: str, old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """Step statistics add up over micro-batches and updates, except maxima (keys ending in _max)."""
-    if old is None:
-        return new
-    return torch.maximum(old, new) if key.endswith("_max") else old + new
 
 
 class Trainer:
@@ -144,7 +128,11 @@ class Trainer:
     @torch.no_grad()
     def fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
         """pi_prox (the policy at the start of this step, DESIGN rule 4) and the reference policy."""
-        need_prox = self.algo.objective == "decoupled" and self.algo.prox == "recompute"
+        # algo.tis_cap needs the start-of-step log-probs of every token; with one update per step the
+        # loss forward gives them itself (no update has happened yet), so only several updates pay a pass.
+        several = self.algo.minibatches * self.algo.ppo_epochs > 1
+        need_prox = (self.algo.objective == "decoupled" and self.algo.prox == "recompute"
+                     or self.algo.tis_cap is not None and several)
         for mb in (mb for part in packed for mb in part):
             if need_prox:
                 mb.prox_logp = self._logprobs(self.model, mb)[0].float()
@@ -162,7 +150,7 @@ class Trainer:
         totals = Totals(tokens=tokens, seqs=seqs, constant=self.loss_constant)
         while True:
             try:
-                self._accumulate(part, totals, theta_version, step.sums)
+                self._accumulate(part, totals, theta_version, step)
                 return
             except torch.cuda.OutOfMemoryError:
                 if self.collective.size > 1:  # one rank cannot re-split alone: the others' collectives wait
@@ -181,20 +169,17 @@ class Trainer:
         step.norms.append(norm)
         step.updates += 1
 
-    def _accumulate(self, part: list[MicroBatch], totals: Totals, theta_version: float,
-                    sums: dict[str, torch.Tensor]) -> None:
+    def _accumulate(self, part: list[MicroBatch], totals: Totals, theta_version: float, step: StepSums) -> None:
         """Forward and backward every micro-batch of a mini-batch; gradients add up."""
         self.optimizer.zero_grad(set_to_none=True)
-        step_sums: dict[str, torch.Tensor] = {}
+        part_sums = StepSums()
         for mb in part:
             logp, entropy = self._logprobs(self.model, mb)
             loss, stats = micro_loss(self.algo, mb, logp.float(), totals, self.version, theta_version)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             stats.update(loss=loss.detach(), entropy=(entropy * mb.loss_mask).sum(), tokens=mb.loss_mask.sum())
-            for key, value in stats.items():
-                step_sums[key] = _combine(key, step_sums.get(key), value.float())
-        for key, value in step_sums.items():  # only a mini-batch that completed counts
-            sums[key] = _combine(key, sums.get(key), value)
+            part_sums.add({key: value.float() for key, value in stats.items()})
+        step.add(part_sums.sums)  # only a mini-batch that completed counts
 
     def _split_after_oom(self, part: list[MicroBatch]) -> list[MicroBatch]:
         """Out of memory in a micro-batch: halve every micro-batch (and the budget) and retry."""
@@ -232,38 +217,12 @@ class Trainer:
 
     def summary(self, packed: list[list[MicroBatch]], step: StepSums) -> dict[str, float]:
         """The step's metrics. Reads every device-side sum back at once: the step's one host sync."""
-        sums, updates = step.sums, step.updates
-        keys = sorted(sums)
-        summed = self.collective.sum_(torch.stack([sums[k] for k in keys]))  # over all ranks
-        # Intentional host sync, the step's only one besides the non-finite check per update.
-        values = torch.cat([summed, torch.stack(step.norms).float().mean()[None]]).tolist()
-        total = dict(zip(keys + ["grad_norm"], values))
-        tokens = max(total.pop("tokens"), 1.0)
+        total = read_back(step, self.collective)  # over all ranks
         mbs = [mb for part in packed for mb in part if not mb.filler]
         real, padded, count = self._global_counts(mbs)
-        out = {
-            "loss": total.pop("loss") / updates,  # mean over optimizer updates of the mini-batch loss
-            "grad_norm": total.pop("grad_norm"),
-            "entropy": total.pop("entropy") / tokens,
-            "clip_frac": total.pop("clipped") / tokens,
-            "kl": total.pop("kl", 0.0) / tokens,
-            "lr": self.scheduler.get_last_lr()[0],
-            "train_tokens": real,
-            "padding_frac": 1.0 - real / padded,
-            "micro_batches": count,
-            "skipped_updates": self.skipped_updates,
-            "oom_retries": self.oom_retries,
-        }
-        out.update(behav_weight_mean=total.pop("behav_weight") / tokens,
-                   behav_weight_max=total.pop("behav_weight_max"),
-                   behav_outside_clip_frac=total.pop("behav_outside_clip") / tokens,
-                   stale_token_frac=total.pop("stale_tokens") / tokens)
-        if "capped" in total:
-            out["capped_frac"] = total["capped"] / tokens
-            out["capped_neg_frac"] = total["capped_neg"] / tokens  # of those, advantage < 0
-        if "dg_gate" in total:
-            out["dg_gate_mean"] = total["dg_gate"] / tokens
-        return out
+        return {**step_figures(total, step.updates), "lr": self.scheduler.get_last_lr()[0], "train_tokens": real,
+                "padding_frac": 1.0 - real / padded, "micro_batches": count, "skipped_updates": self.skipped_updates,
+                "oom_retries": self.oom_retries}
 
     def _global_counts(self, mbs: list[MicroBatch]) -> tuple[int, int, int]:
         """Tokens, padded tokens and micro-batches of the step, over all ranks."""

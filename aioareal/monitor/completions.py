@@ -1,0 +1,118 @@
+"""`python -m aioareal samples RUN [--step N] [--best|--worst] [-n K]`: what the model wrote.
+
+Reads a run's samples.jsonl as data (one JSON object a line, never evaluated) and prints the chosen
+samples: step, reward, advantage, staleness, prompt id, then the prompt (where the row kept it) and
+the completion's text. Without --best/--worst it prints the latest K in file order; --best and
+--worst sort by reward (ties by step, then file order). Text is printed with control characters
+escaped: a model can write terminal escape sequences.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError, UserError, guarded
+from .metrics import SAMPLES_FILE
+
+NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
+NUMBERS = ("step", "reward")  # fields every row must hold, as numbers, to be selected and sorted
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m aioareal samples",
+                                description="Print what the model wrote: completions from a run's samples.jsonl, "
+                                            "the latest K in file order unless --best or --worst sorts them.")
+    p.add_argument("run", metavar="RUN", help="a run directory (holds samples.jsonl)")
+    p.add_argument("--step", type=int, help="only the samples trained at this step")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--best", action="store_true", help="highest reward first (ties: earlier step first)")
+    order.add_argument("--worst", action="store_true", help="lowest reward first (ties: earlier step first)")
+    p.add_argument("-n", type=int, default=10, metavar="K", help="how many to print (default 10; 0 = all)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    return p
+
+
+def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir`/samples.jsonl; a missing directory or file, or a malformed line, is an
+    error naming it (file and line number)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    path = run_dir / SAMPLES_FILE
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {SAMPLES_FILE} (a run writes it from its first training step on)")
+    with path.open(encoding="utf-8") as f:
+        return [row for lineno, line in enumerate(f, 1) if (row := _row(line, path, lineno)) is not None]
+
+
+def _row(line: str, path: Path, lineno: int) -> dict[str, Any] | None:
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    for key in NUMBERS:
+        value = row.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DataError(f"{path}:{lineno}: '{key}' must be a number, got {value!r}")
+    return row
+
+
+def select(rows: list[dict[str, Any]], step: int | None = None, order: str | None = None,
+           n: int = 10) -> list[dict[str, Any]]:
+    """The rows to print: those of `step` (all if None), sorted by reward for order "best" or
+    "worst" (ties by step, then file order) and the first `n` of them, or the last `n` in file order
+    without an order; n = 0 keeps all."""
+    chosen = [r for r in rows if step is None or r["step"] == step]
+    if order is not None:
+        sign = -1 if order == "best" else 1
+        chosen = sorted(chosen, key=lambda r: (sign * r["reward"], r["step"]))  # stable: file order last
+        return chosen[:n] if n else chosen
+    return chosen[-n:] if n else chosen
+
+
+def printable(text: str) -> str:
+    """Control characters escaped (\\x1b, ...), newlines and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+def _num(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def format_sample(row: dict[str, Any]) -> str:
+    """A header line with the numbers, then the prompt (where kept) and the text, indented."""
+    head = (f"step {row['step']} · reward {_num(row['reward'], '.3f')} · advantage {_num(row.get('advantage'), '+.3f')}"
+            f" · staleness {row.get('staleness', '-')} · prompt {row.get('prompt_id') or '-'}")
+    lines = [head]
+    if row.get("prompt"):
+        lines.append("  prompt: " + printable(str(row["prompt"])).replace("\n", "\n          "))
+    text = row.get("text")
+    body = NO_TEXT if text is None else printable(str(text))
+    lines += ["  " + line for line in body.split("\n")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+
+    def go() -> int:
+        if args.n < 0:
+            raise UserError(f"-n must be >= 0 (0 = all), got {args.n}")
+        order = "best" if args.best else "worst" if args.worst else None
+        rows = read_samples(args.run)
+        if not rows:
+            raise UserError(f"{args.run}: {SAMPLES_FILE} holds no samples yet")
+        chosen = select(rows, args.step, order, args.n)
+        if not chosen:
+            raise UserError(f"{args.run}: no samples trained at step {args.step} (steps {rows[0]['step']} to "
+                            f"{rows[-1]['step']})")
+        print("\n\n".join(format_sample(r) for r in chosen))
+        return 0
+    return guarded(args.debug, go)
