@@ -42,6 +42,15 @@ SCALER_CALIBRATION_SKIPS = 16
 MAX_CONSECUTIVE_SKIPS = 5
 
 
+def _autocasts(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether the trainer runs its forward and backward under autocast to `dtype` (its master weights
+    stay fp32): on CUDA in bf16 or fp16; on the CPU in bf16 only, whose matmuls run on AMX or AVX-512
+    BF16 units where the CPU has them (fp16 on the CPU would need loss scaling and has no such units)."""
+    if dtype is None or dtype == torch.float32:
+        return False
+    return device.type == "cuda" or dtype == torch.bfloat16
+
+
 class Trainer:
     def __init__(self, model: PreTrainedModel, algo: AlgoConfig, train: TrainConfig, pad_id: int, *,
                  ref_model: PreTrainedModel | None = None, autocast_dtype: torch.dtype | None = None,
@@ -61,7 +70,7 @@ class Trainer:
         self.device = next(model.parameters()).device
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.autocast_dtype = autocast_dtype if self.device.type == "cuda" else None
+        self.autocast_dtype = autocast_dtype if _autocasts(self.device, autocast_dtype) else None
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
             weight_decay=self.algo.weight_decay, **adamw_kind(self.params))
@@ -94,7 +103,7 @@ class Trainer:
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cuda", dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _logprobs(self, model: PreTrainedModel, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
