@@ -29,9 +29,15 @@ except ImportError:  # older transformers: models load with plain SDPA (correct,
     AttentionInterface = None
 
 ATTENTION = "aioareal" if AttentionInterface is not None else "sdpa"
-# Longest key length that takes the matmul path on the CPU. Measured on 2 cores (tiny shape, fp32):
-# the flash kernel wins from a few dozen keys on, by 2x at 256.
+# Longest key length that takes the matmul path on the CPU. In fp32 torch's flash kernel wins from a
+# few dozen keys on; in bf16 its backward is slower (and transformers repeats the key heads for it),
+# so the matmuls win up to a few hundred keys (docs/log/2026-11-smollm2-cpu.md).
 SHORT_KEYS = 64
+SHORT_KEYS_16BIT = 160
+
+
+def short_keys(dtype: torch.dtype) -> int:
+    return SHORT_KEYS_16BIT if dtype in (torch.bfloat16, torch.float16) else SHORT_KEYS
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -41,7 +47,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (True attends) or additive -> (b, q, H, D), as transformers' attention functions return."""
     if kwargs.get("cu_seq_lens_q") is not None:  # one packed row: attend within each sequence
         return packed_attention(query, key, value, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], scaling), None
-    if (query.device.type != "cpu" or key.shape[2] > SHORT_KEYS or dropout
+    if (query.device.type != "cpu" or key.shape[2] > short_keys(query.dtype) or dropout
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or (is_causal is False and attention_mask is None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
@@ -63,14 +69,17 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         # are causal from the first key (the keys past them are a static cache's empty slots).
         attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(
             kv_len - 1 if q_len == 1 else 0)
+    # In place on the matmul's output (its backward needs only the inputs), and the softmax in the
+    # scores' own dtype: torch's CPU kernel accumulates a 16-bit row in fp32 and rounds once, as an
+    # fp32 softmax cast back would, without two (b, H, q, k) conversions each way.
     if attention_mask.dtype == torch.bool:
         # The dtype's lowest value, not -inf: a row with no key to attend (padding) then gets finite
         # weights instead of NaN, and its output is masked out of the loss anyway.
         mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None]
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     else:
-        scores = scores + (attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None])
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        scores.add_(attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None])
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs.view(b, kv_heads, group * q_len, kv_len), value)
     return out.view(b, heads, q_len, dim).transpose(1, 2).contiguous()
 

@@ -83,9 +83,8 @@ class FusedHeadLogprobs(torch.autograd.Function):
             for start in range(0, n, chunk):
                 end = min(start + chunk, n)
                 logits = _chunk_logits(hidden[start:end], w, b, temperature)  # (c, V) fp32
-                lse[start:end] = torch.logsumexp(logits, dim=-1)
+                lse[start:end], entropy[start:end] = _lse_entropy(logits)
                 logp[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse[start:end]
-                entropy[start:end] = lse[start:end] - (torch.softmax(logits, dim=-1) * logits).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
         ctx.mark_non_differentiable(entropy)
@@ -120,6 +119,17 @@ class FusedHeadLogprobs(torch.autograd.Function):
                 if grad_w is not None:
                     _accumulate(grad_w, dl.T, h)
         return (grad_h, _cast(grad_w, weight), _cast(grad_b, bias), None, None, None)
+
+
+def _lse_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c, V) -> log-sum-exp and entropy per row, from one exp pass over the chunk: with
+    e = exp(logits - max) and s = sum(e), lse = max + log s and H = lse - sum(e * logits) / s
+    (a softmax and a product on top of `logsumexp` would pass over the (c, V) chunk twice more)."""
+    top = logits.amax(dim=-1, keepdim=True)
+    e = (logits - top).exp_()
+    total = e.sum(dim=-1)
+    lse = top.squeeze(-1) + total.log()
+    return lse, lse - torch.linalg.vecdot(e, logits) / total
 
 
 def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
