@@ -44,6 +44,7 @@ def assert_layout_equals_padded(model: torch.nn.Module, mb: MicroBatch, temperat
                                 **layout: object) -> None:
     """`mb`'s rows in `layout` (share=, varlen= or tree=) against the same rows padded: log-probs,
     entropies, zeros off the loss mask, and the gradients of a randomly weighted sum of the log-probs."""
+    assert layout and None not in layout.values()  # a layout to compare, or the test compares padded with padded
     weights = torch.randn(mb.loss_mask.shape, generator=torch.Generator().manual_seed(0))
     results = []
     for kw in ({}, layout):
