@@ -97,10 +97,10 @@ class FastForward:
     # -- building blocks -------------------------------------------------------------------------
     def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if _HAS_RMS_NORM:
-            # One fused kernel where HF's Qwen2RMSNorm launches six (-0.8 ms of a 4.8 ms decode step
-            # on an H100). Both normalise in fp32; HF rounds once more before scaling, so in bf16 a
-            # quarter of outputs differ by an ulp and the engine-vs-HF logprob error grows from about
-            # 0.0010 to 0.0015 on average: small beside the bf16 trainer's own rounding.
+            # One fused kernel where HF's Qwen2RMSNorm launches six: launches weigh on a small
+            # model's decode step on a GPU. Both normalise in fp32; HF rounds once more before
+            # scaling, so in bf16 some outputs differ by an ulp and the engine-vs-HF logprob error
+            # grows a little: small beside the bf16 trainer's own rounding.
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)

@@ -20,7 +20,7 @@ from .varlen import VarlenRows
 
 # A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
 # of recomputed: for a small vocabulary (the offline tiny model's 128 words) the recompute and the
-# checkpoint's bookkeeping cost more than the memory saves (about 4% of the default run's step).
+# checkpoint's bookkeeping cost more time in the default run's step than the memory is worth.
 KEEP_LOGITS = 8 << 20
 
 
