@@ -104,8 +104,8 @@ def test_a_cpu_engine_decodes_running_slots_a_gpu_one_every_slot_up_to_the_highe
     gpu = dataclasses.replace(cpu, device="cuda (test)")
     times = {}
     for p in (cpu, gpu):
-        cycle = itertools.cycle([2, 10])
-        times[p.device] = run(p, "sync", 0, lengths=lambda rng: next(cycle)).s_per_step
+        lengths = itertools.cycle([2, 10])
+        times[p.device] = run(p, "sync", 0, lengths=lambda rng, lengths=lengths: next(lengths)).s_per_step
     assert times["cpu"] == pytest.approx(9 * 0.01 + 0.001 * (4 + 8 * 2) + 1.0)
     assert times["cuda (test)"] == pytest.approx(9 * 0.01 + 0.001 * 9 * 4 + 1.0)
 

@@ -134,7 +134,8 @@ async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[
         seconds, steps, within = await _train_while_decoding(worker, trainer, groups, size, width, length, vocab,
                                                             random.Random(seed + r))
         train_with += seconds
-        again = await keep_decoding(worker, size, width, length, lambda n: n >= len(steps), vocab,
+        total = len(steps)  # the same steps again, alone
+        again = await keep_decoding(worker, size, width, length, lambda n, total=total: n >= total, vocab,
                                     random.Random(seed + r))
         train_alone += (await train_point(trainer, groups))[1]
         for (s, e), (s2, e2), counted in zip(steps, again, within):

@@ -3,8 +3,9 @@
 The engine does not copy weights: it calls the HF model's Linear and norm modules, so a weight
 sync that copies into those parameters (`param.copy_`) is seen by the next step, CUDA graphs
 included. With `fuse` (the default) q/k/v and gate/up each run as one matmul over a fused weight
-that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill
-writes a whole prompt, decode writes one token per slot and attends over a length bucket.
+that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is
+preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill writes a whole prompt,
+decode writes one token per slot and attends over a length bucket.
 
 Supported: architectures with `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
 RMSNorm and default RoPE (Qwen2, Qwen2.5, Llama, Mistral without sliding window; Qwen3's q/k norms).

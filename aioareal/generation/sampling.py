@@ -4,7 +4,8 @@ The exponential race draws from a categorical distribution without a cumulative 
 host-side random number: argmax(log p - log E), E ~ Exp(1), is distributed as p (gpt-fast does
 the same). The logprob returned for each sampled token is under the full temperature-scaled
 distribution, which is what the trainer recomputes (its logits are divided by the same
-temperature; in bf16 the two differ by rounding); with top_p < 1 the draw is from the truncated distribution, as in verl and AReaL.
+temperature; in bf16 the two differ by rounding); with top_p < 1 the draw is from the truncated
+distribution, as in verl and AReaL.
 """
 from __future__ import annotations
 
