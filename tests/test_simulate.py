@@ -73,8 +73,8 @@ def test_sync_step_time_is_the_sum_of_its_parts():
     p = profile(decode=(0.01, 0.001, 0.0), prefill=(0.005, 0.0, 0.0), train=(1.0, 0.0), publish=0.002)
     r = run(p, "sync", 0)
     decode = 9 * (0.01 + 0.001 * 4)  # 4 slots decoded
-    assert r.s_per_step == pytest.approx(0.005 + decode + 1.002)
-    assert r.samples_per_s == pytest.approx(4 / r.s_per_step)
+    step = 0.005 + decode + 1.002
+    assert r.s_per_step == pytest.approx(step) and r.samples_per_s == pytest.approx(4 / step)  # B x G = 4 a step
     assert r.train_idle == pytest.approx((0.005 + decode) / r.s_per_step)
     assert r.staleness == {0: 6 * 4} and r.len_mean == 10
 
@@ -162,8 +162,9 @@ def test_async_hides_generation_and_cells_step_in_lockstep():
     two_cells = Topology(cells=2, link_gbps=10.0)
     assert two_cells.allreduce_s(p) == pytest.approx(4e6 / 10e9 + 2e-5)
     one, two = run(p, "sync", 0), run(p, "sync", 0, topology=two_cells)
-    assert two.s_per_step == pytest.approx(one.s_per_step + two_cells.allreduce_s(p))
-    assert two.samples_per_s == pytest.approx(2 * 4 / two.s_per_step)  # both cells' samples count
+    step = one.s_per_step + two_cells.allreduce_s(p)
+    assert two.s_per_step == pytest.approx(step)
+    assert two.samples_per_s == pytest.approx(2 * 4 / step)  # both cells' samples count
 
 
 def test_derived_profiles_scale_each_part_by_its_bound():
