@@ -170,9 +170,9 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
                   "--group-size", "2", "--prompt-len", "4", "--max-new-tokens", "12", "--mean-len", "6")
     modes = {"sync": 0, "one_step": 1, "async": 2}
     schema.check(r, schema.E2E, *map(schema.e2e_mode, modes))
-    # Forced lengths are drawn in submission order from the seeded sampler, B x G = 4 per group of
-    # a step, and every mode trains groups in admission order: the two timed steps (after one warm-up
-    # step) train draws 4 to 11 in each mode.
+    # Forced lengths are drawn in submission order from the seeded sampler, B x G = 4 a step, and
+    # every mode trains groups in admission order: the two timed steps (after one warm-up step)
+    # train draws 4 to 11 in each mode.
     from aioareal.bench.parts import ForcedLengths
     from aioareal.simulate.lengths import length_sampler
 
