@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         return samples_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
-                                                         "report": experiments("cmd_report"), "sweep": experiments("cmd_sweep"),
+                                                         "report": experiments("cmd_report"),
+                                                         "sweep": experiments("cmd_sweep"),
                                                          "bench": bench, "simulate": simulate, "samples": samples}
     if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
         print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",

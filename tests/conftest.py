@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gsm8k_data
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,3 +30,10 @@ def tiny_model_path() -> Path:
     from aioareal.run.warmup import ensure_tiny
 
     return ensure_tiny(load_config(), log=lambda *_: None)
+
+
+@pytest.fixture(scope="session", params=["slice", pytest.param("full", marks=pytest.mark.slow)])
+def gsm8k_test(request) -> gsm8k_data.GSM8KTest:
+    """A GSM8K check runs on the committed slice, and (slow) on the full test set where present
+    (gsm8k_data.py)."""
+    return gsm8k_data.gsm8k_file(request.param)

@@ -26,6 +26,7 @@ def test_auto_splits_the_cores_only_when_both_sides_compute_at_once_on_the_cpu(m
 def test_a_run_gives_the_process_its_threads_back(tmp_path):
     before = torch.get_num_threads()
     config = load_config(overrides=["model.name=random:tiny", "train.steps=1", "algo.batch_groups=2", "eval.every=0",
-                                    "rollout.mode=async", "run.cpu_threads=1"], flags={"run.run_dir": str(tmp_path / "r")})
+                                    "rollout.mode=async", "run.cpu_threads=1"],
+                         flags={"run.run_dir": str(tmp_path / "r")})
     train(config, log=lambda *_: None, printer=lambda row: None)
     assert torch.get_num_threads() == before

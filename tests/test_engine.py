@@ -1,77 +1,42 @@
 """The engine against a plain full forward pass of the same Hugging Face model."""
 import pytest
 import torch
+from engine_helpers import adopt_after, generate, random_groups, reference_logprobs, tiny
 
 from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.sampling import sample
-from aioareal.models import random_model
 from aioareal.samples import Group
-
-
-def _model():
-    torch.manual_seed(0)
-    return random_model("tiny", torch.float32, torch.device("cpu"), seed=3)
-
-
-def _requests(n_groups, g, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    for gid in range(n_groups):
-        length = int(torch.randint(2, 14, (1,), generator=gen))
-        yield Group(gid, torch.randint(4, 100, (length,), generator=gen).tolist(), size=g)
-
-
-def _run(engine, requests, adopt_at=None):
-    for r in requests:
-        engine.submit(r)
-    results, steps = [], 0
-    while engine.busy:
-        results += engine.step()
-        steps += 1
-        if steps == adopt_at:
-            engine.adopt(engine.version + 1)
-    return results
-
-
-def _reference_logprobs(model, prompt, tokens, temperature):
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
-    return logp[len(prompt) - 1:-1].gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("adopt_at, recompute", [(None, True), (4, True), (4, False)])
 def test_logprobs_match_full_forward(adopt_at, recompute):
-    model = _model()
+    model = tiny()
     params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16)
     # Fewer slots than sequences: slots are freed and refilled mid-run (continuous batching).
     engine = Engine(model, eos_ids=[1], num_slots=10, max_len=40, params=params, seed=1, recompute_kv=recompute)
-    results = _run(engine, list(_requests(7, 3)), adopt_at)
-    assert sorted(r.group_id for r in results) == list(range(7))
+    results = generate(engine, random_groups([3] * 7), adopt_after(adopt_at) if adopt_at else None)
     for r in results:
         assert len(r.completions) == 3
         for c in r.completions:
             assert 1 <= len(c.tokens) <= 16 and len(c.logprobs) == len(c.tokens) == len(c.versions)
             assert c.finish_reason == ("stop" if c.tokens[-1] == 1 else "length")
-            ref = _reference_logprobs(model, r.prompt_ids, c.tokens, params.temperature)
+            ref = reference_logprobs(model, r.prompt_ids, c.tokens, params.temperature)
             torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=1e-4)
     versions = {v for r in results for c in r.completions for v in c.versions}
     assert versions == ({0} if adopt_at is None else {0, 1})
 
 
 def test_interrupted_sequences_record_both_versions():
-    model = _model()
-    engine = Engine(model, eos_ids=[], num_slots=4, max_len=40,
-                    params=SamplingParams(max_new_tokens=10), seed=0)
-    results = _run(engine, list(_requests(1, 4)), adopt_at=3)
+    engine = Engine(tiny(), eos_ids=[], num_slots=4, max_len=40, params=SamplingParams(max_new_tokens=10), seed=0)
+    results = generate(engine, random_groups([4]), adopt_after(3))
     for c in results[0].completions:
         assert c.versions[0] == 0 and c.versions[-1] == 1 and len(c.tokens) == 10
 
 
 def test_greedy_matches_argmax_of_full_forward():
-    model = _model()
-    engine = Engine(model, eos_ids=[1], num_slots=4, max_len=40,
-                    params=SamplingParams(greedy=True, max_new_tokens=8))
-    results = _run(engine, list(_requests(4, 1)))
+    model = tiny()
+    engine = Engine(model, eos_ids=[1], num_slots=4, max_len=40, params=SamplingParams(greedy=True, max_new_tokens=8))
+    results = generate(engine, random_groups([1] * 4))
     for r in results:
         ids = list(r.prompt_ids)
         for token in r.completions[0].tokens:
@@ -84,8 +49,8 @@ def test_greedy_matches_argmax_of_full_forward():
 def test_same_seed_same_samples():
     outs = []
     for _ in range(2):
-        engine = Engine(_model(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6), seed=5)
-        outs.append([c.tokens for r in _run(engine, list(_requests(4, 2))) for c in r.completions])
+        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6), seed=5)
+        outs.append([c.tokens for r in generate(engine, random_groups([2] * 4)) for c in r.completions])
     assert outs[0] == outs[1]
 
 
@@ -101,16 +66,15 @@ def test_sampling_distribution_and_top_p():
 
 
 def test_rejects_prompt_longer_than_context():
-    engine = Engine(_model(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
+    engine = Engine(tiny(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
     with pytest.raises(ValueError, match="exceeds the engine context"):
         engine.submit(Group(0, list(range(4, 10)), size=1))
 
 
 def test_forced_lengths_ignore_eos():
-    engine = Engine(_model(), eos_ids=list(range(128)), num_slots=6, max_len=40,
+    engine = Engine(tiny(), eos_ids=list(range(128)), num_slots=6, max_len=40,
                     params=SamplingParams(max_new_tokens=12), seed=0)
-    engine.submit(Group(0, [5, 6, 7], size=3, forced_lengths=[1, 5, 30]))
-    results = _run(engine, [])
+    results = generate(engine, [Group(0, [5, 6, 7], size=3, forced_lengths=[1, 5, 30])])
     assert [len(c.tokens) for c in results[0].completions] == [1, 5, 12]  # capped by max_new_tokens
 
 
@@ -118,16 +82,18 @@ def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
     """Finished slots drop out of the CPU's decode (engine._decode_live); greedy tokens and their
     logprobs equal those of decoding every slot."""
     params = SamplingParams(max_new_tokens=12, greedy=True)
-    requests = [Group(0, [5, 6, 7], size=4, forced_lengths=[1, 3, 7, 12]), Group(1, [9, 8], size=4, forced_lengths=[2, 12, 5, 4])]
+    requests = [Group(0, [5, 6, 7], size=4, forced_lengths=[1, 3, 7, 12]),
+                Group(1, [9, 8], size=4, forced_lengths=[2, 12, 5, 4])]
 
     def run(live: bool):
-        engine = Engine(_model(), eos_ids=[1], num_slots=8, max_len=32, params=params)
+        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=32, params=params)
         calls = []
         if live:
-            monkeypatch.setattr(engine, "_decode_live", lambda n, span: calls.append(n) or Engine._decode_live(engine, n, span))
+            monkeypatch.setattr(engine, "_decode_live",
+                                lambda n, span: calls.append(n) or Engine._decode_live(engine, n, span))
         else:
             monkeypatch.setattr(engine, "_decode_live", lambda n, span: engine._decode_into(n, span))
-        return {(r.group_id, i): c for r in _run(engine, requests) for i, c in enumerate(r.completions)}, calls
+        return {(r.group_id, i): c for r in generate(engine, requests) for i, c in enumerate(r.completions)}, calls
 
     live, calls = run(True)
     every, _ = run(False)

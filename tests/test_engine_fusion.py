@@ -2,22 +2,18 @@
 before and after the weights change in place."""
 import pytest
 import torch
+from engine_helpers import generate, tiny
 from torch import nn
 
 from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.forward import FastForward
 from aioareal.generation.fusion import fuse, shares_storage
 from aioareal.generation.upload import upload_padded
-from aioareal.models import random_model
 from aioareal.samples import Group
 from aioareal.weightsync.full import WeightSync
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 9, 17, 3, 40, 8, 2], [11, 4, 60], [7, 7, 21, 90, 13]]
-
-
-def _model(seed=3):
-    return random_model("tiny", torch.float32, CPU, seed=seed)
 
 
 @torch.inference_mode()
@@ -40,7 +36,7 @@ def _assert_close(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 
 
 def test_fused_prefill_and_decode_equal_the_unfused_path():
-    fused_model, plain_model = _model(), _model()
+    fused_model, plain_model = tiny(), tiny()
     fused, plain = FastForward(fused_model, 32), FastForward(plain_model, 32, fuse=False)
     assert fused.fused and not plain.fused
     # Qwen2: q/k/v carry biases, gate/up do not; both kinds were fused.
@@ -53,7 +49,7 @@ def test_fused_prefill_and_decode_equal_the_unfused_path():
 
 
 def test_parameters_are_rows_of_the_fused_weight():
-    model = _model()
+    model = tiny()
     fwd = FastForward(model, 16)
     for layer, qkv, gate_up in zip(model.model.layers, fwd.qkv, fwd.gate_up):
         attn, mlp = layer.self_attn, layer.mlp
@@ -66,7 +62,7 @@ def test_parameters_are_rows_of_the_fused_weight():
 def test_weight_sync_into_a_fused_engine_changes_prefill_and_decode():
     """WeightSync copies into the HF parameters in place; the fused engine must compute with the new
     weights, as an unfused forward over a fresh model holding them does."""
-    gen_model, trainer_model = _model(seed=3), _model(seed=4)
+    gen_model, trainer_model = tiny(seed=3), tiny(seed=4)
     fwd = FastForward(gen_model, 32)
     before = _prefill_and_decode(fwd)
     sync = WeightSync(trainer_model, gen_model)
@@ -74,11 +70,11 @@ def test_weight_sync_into_a_fused_engine_changes_prefill_and_decode():
     assert sync.apply() == (1, None)
     after = _prefill_and_decode(fwd)
     assert not torch.allclose(before[0], after[0], atol=1e-3)  # the new weights differ: a real check
-    _assert_close(after, _prefill_and_decode(FastForward(_model(seed=4), 32, fuse=False)))
+    _assert_close(after, _prefill_and_decode(FastForward(tiny(seed=4), 32, fuse=False)))
 
 
 def test_direct_param_copy_reaches_the_fused_projection():
-    model, reference = _model(), _model()
+    model, reference = tiny(), tiny()
     fwd = FastForward(model, 32)
     _prefill_and_decode(fwd)  # run once first, as an engine would have before the update
     with torch.no_grad():
@@ -89,13 +85,9 @@ def test_direct_param_copy_reaches_the_fused_projection():
 
 
 def _engine_run(fuse: bool) -> list:
-    engine = Engine(_model(), eos_ids=[1], num_slots=4, max_len=32,
+    engine = Engine(tiny(), eos_ids=[1], num_slots=4, max_len=32,
                     params=SamplingParams(temperature=0.9, max_new_tokens=10), seed=2, fuse=fuse)
-    for gid, prompt in enumerate(PROMPTS):
-        engine.submit(Group(gid, prompt, size=2))
-    out = []
-    while engine.busy:
-        out += engine.step()
+    out = generate(engine, [Group(gid, prompt, size=2) for gid, prompt in enumerate(PROMPTS)])
     return [c for r in sorted(out, key=lambda r: r.group_id) for c in r.completions]
 
 
@@ -127,7 +119,7 @@ def test_unsafe_projections_are_left_alone(case):
 def test_evaluation_engine_leaves_the_trainers_model_unfused():
     from aioareal.run.evaluation import EvalSet, evaluate
 
-    model = _model()
+    model = tiny()
     pointers = [p.data_ptr() for p in model.parameters()]
     evaluate(model, EvalSet([None], [PROMPTS[0]]), lambda text, ex: 1.0, str, [1], max_new_tokens=3)
     assert [p.data_ptr() for p in model.parameters()] == pointers

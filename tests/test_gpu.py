@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from engine_helpers import generate, reference_logprobs, tiny
 
 from aioareal.generation import Engine, SamplingParams
-from aioareal.models import random_model
 from aioareal.samples import Group
 from aioareal.weightsync.full import WeightSync
 
@@ -24,16 +24,13 @@ def _engine(model, graphs, seed=0, slots=16, compile=False):
 
 def _generate(engine, groups=4, g=4):
     gen = torch.Generator().manual_seed(1)
-    for gid in range(groups):
-        engine.submit(Group(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), size=g))
-    out = []
-    while engine.busy:
-        out += engine.step()
+    out = generate(engine, [Group(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), size=g)
+                            for gid in range(groups)])
     return sorted(out, key=lambda r: r.group_id)
 
 
-# In bf16 the engine's logprobs differ from an HF forward's by about 0.0010-0.0015 on average (the
-# comment on Engine._norm in aioareal/generation/forward.py). Half precision is held to 3x that on
+# In bf16 the engine's logprobs differ from an HF forward's by about 0.0010-0.0015 on average (measured
+# with the fused RMSNorm, docs/log/figures-from-code.md). Half precision is held to 3x that on
 # average (fp16, with 3 more mantissa bits, should do better; not measured, so not tightened further);
 # the per-token tolerance only catches outliers.
 HALF_MEAN_ERROR = 3 * 0.0015
@@ -43,26 +40,23 @@ def _check_against_hf(model, results, tol, mean_tol=None):
     errors = []
     for r in results:
         for c in r.completions:
-            ids = torch.tensor([r.prompt_ids + c.tokens], device=CUDA)
-            with torch.no_grad():
-                logp = torch.log_softmax(model(ids).logits[0].float(), -1)
-            ref = logp[len(r.prompt_ids) - 1:-1].gather(-1, ids[0, len(r.prompt_ids):, None])
-            torch.testing.assert_close(torch.tensor(c.logprobs), ref.squeeze(-1).cpu(), atol=tol, rtol=tol)
-            errors.append((torch.tensor(c.logprobs) - ref.squeeze(-1).cpu()).abs())
+            ref = reference_logprobs(model, r.prompt_ids, c.tokens)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=tol, rtol=tol)
+            errors.append((torch.tensor(c.logprobs) - ref).abs())
     mean = torch.cat(errors).mean().item()
     assert mean_tol is None or mean <= mean_tol, f"mean logprob error {mean:.5f} > {mean_tol}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_engine_logprobs_match_hf_forward_on_cuda(dtype):
-    model = random_model("tiny", dtype, CUDA, seed=3)
+    model = tiny(seed=3, device=CUDA, dtype=dtype)
     half = dtype != torch.float32
     _check_against_hf(model, _generate(_engine(model, graphs=False)), 5e-2 if half else 1e-4,
                       HALF_MEAN_ERROR if half else None)
 
 
 def test_cuda_graph_decode_matches_hf_forward():
-    model = random_model("tiny", torch.float32, CUDA, seed=3)
+    model = tiny(seed=3, device=CUDA, dtype=torch.float32)
     engine = _engine(model, graphs=True, seed=5)
     results = _generate(engine)
     assert engine.graphs is not None and engine.graphs.graphs  # decode steps were captured and replayed
@@ -70,7 +64,7 @@ def test_cuda_graph_decode_matches_hf_forward():
 
 
 def test_compiled_decode_in_cuda_graphs_matches_hf_forward():
-    model = random_model("tiny", torch.bfloat16, CUDA, seed=3)
+    model = tiny(seed=3, device=CUDA, dtype=torch.bfloat16)
     engine = _engine(model, graphs=True, seed=5, compile=True)
     results = _generate(engine)
     assert engine.graphs is not None and engine.graphs.graphs
@@ -80,23 +74,19 @@ def test_compiled_decode_in_cuda_graphs_matches_hf_forward():
 def test_graph_capture_does_not_shift_the_sampled_tokens():
     """A capture's warm-up run restores the sampler's random state, so graphs sample what eager does.
     Forced lengths keep all 16 slots live to the end, so both paths draw noise of the same shape."""
-    model = random_model("tiny", torch.float32, CUDA, seed=3)
+    model = tiny(seed=3, device=CUDA, dtype=torch.float32)
     runs = []
     for graphs in (False, True):
         engine, gen = _engine(model, graphs=graphs, seed=5), torch.Generator().manual_seed(1)
-        for gid in range(4):
-            prompt = torch.randint(4, 100, (12,), generator=gen).tolist()
-            engine.submit(Group(gid, prompt, size=4, forced_lengths=[30] * 4))
-        out = []
-        while engine.busy:
-            out += engine.step()
+        out = generate(engine, [Group(gid, torch.randint(4, 100, (12,), generator=gen).tolist(), size=4,
+                                      forced_lengths=[30] * 4) for gid in range(4)])
         runs.append([c.tokens for r in sorted(out, key=lambda r: r.group_id) for c in r.completions])
     assert runs[0] == runs[1]
 
 
 def test_weight_sync_on_streams_lands_before_the_next_forward():
-    trainer_model = random_model("tiny", torch.float32, CUDA, seed=1)
-    generator_model = random_model("tiny", torch.bfloat16, CUDA, seed=2)
+    trainer_model = tiny(seed=1, device=CUDA, dtype=torch.float32)
+    generator_model = tiny(seed=2, device=CUDA, dtype=torch.bfloat16)
     sync = WeightSync(trainer_model, generator_model)
     engine = _engine(generator_model, graphs=True)
     _generate(engine, groups=1)  # capture graphs before the weights change: pointers must stay valid
@@ -121,8 +111,8 @@ def test_weight_sync_on_streams_lands_before_the_next_forward():
 def test_fused_engine_in_graphs_decodes_with_synced_weights():
     """Fused q/k/v and gate/up (generation/fusion.py) inside captured graphs: after a weight sync the
     replayed decode and the prefill use the new weights, matching an HF forward that holds them."""
-    trainer_model = random_model("tiny", torch.float32, CUDA, seed=1)
-    generator_model = random_model("tiny", torch.float32, CUDA, seed=2)
+    trainer_model = tiny(seed=1, device=CUDA, dtype=torch.float32)
+    generator_model = tiny(seed=2, device=CUDA, dtype=torch.float32)
     engine = _engine(generator_model, graphs=True, seed=5)
     assert engine.fwd.fused
     sync = WeightSync(trainer_model, generator_model)

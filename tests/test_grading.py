@@ -3,12 +3,11 @@ reading of numbers piece by piece, the public TRL-style reward, and extraction t
 the length of the completion."""
 from __future__ import annotations
 
-import json
 import time
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
+from gsm8k_data import GSM8KTest
 
 from aioareal.bench.grading_cases import CASES
 from aioareal.rewards.pool import Deferred
@@ -16,8 +15,6 @@ from aioareal.tasks.answers import find_answer
 from aioareal.tasks.gsm8k import gsm8k_reward
 from aioareal.tasks.numbers import NumberTooLong, read_span
 from aioareal.tasks.verify import grade, grade_batch, grade_now
-
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 @pytest.mark.parametrize("kind, gold, completion, expected", CASES,
@@ -73,13 +70,12 @@ def test_answer_sources() -> None:
     assert find_answer("\\boxed{\\boxed{18}}").text == "18"  # nested: the innermost box
 
 
-def test_gsm8k_like_completions_of_every_test_item_grade_right() -> None:
-    """`bench reward`'s completions (eight closing styles) for all 1,319 test items, right and wrong."""
+def test_gsm8k_like_completions_of_every_test_item_grade_right(gsm8k_test: GSM8KTest) -> None:
+    """`bench reward`'s completions (eight closing styles) for every test item (the slice's 100, or
+    all 1,319), right and wrong."""
     from aioareal.bench.reward import completions
 
-    if not GSM8K_TEST.is_file():
-        pytest.skip(f"{GSM8K_TEST} not present")
-    rows = [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = gsm8k_test.rows if len(gsm8k_test.rows) % 2 else gsm8k_test.rows + gsm8k_test.rows[:1]
     golds, texts = completions(rows, 2 * len(rows))  # an odd count of rows: each item both right and wrong
     assert grade_batch(golds, texts) == [1.0 if i % 2 == 0 else 0.0 for i in range(len(texts))]
 

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from gsm8k_data import FULL_TEST_ITEMS, SLICE, GSM8KTest
 
 from aioareal.errors import DataError, UserError
 from aioareal.rewards.pool import shared_pool
@@ -15,15 +16,6 @@ from aioareal.tasks.answers import extract_answer, normalize_number
 from aioareal.tasks.base import Example, Task
 from aioareal.tasks.gsm8k import INSTRUCTION, GSM8KTask
 from aioareal.tasks.verify import math_equal, verify_failures
-
-GSM8K_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "test.jsonl"
-
-
-@pytest.fixture(scope="module")
-def gsm8k_rows() -> list[dict]:
-    if not GSM8K_TEST.is_file():
-        pytest.skip(f"{GSM8K_TEST} not present")
-    return [json.loads(line) for line in GSM8K_TEST.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -85,17 +77,29 @@ def test_normalize_number(raw: str, number: str | None) -> None:
 
 # --- verification ------------------------------------------------------------------------------
 
-def test_every_gold_solution_scores_itself(gsm8k_rows: list[dict]) -> None:
-    assert len(gsm8k_rows) == 1319
-    task = GSM8KTask(path=str(GSM8K_TEST))
-    failed = [i for i, r in enumerate(gsm8k_rows)
+def test_the_slice_holds_the_items_the_tests_name() -> None:
+    """tests/data/gsm8k (make_slice.py): 100 test and 100 train items of the MIT-licensed set, the
+    first test item first, and test items 611 and 796, whose large answers catch a relative tolerance."""
+    rows = {split: [json.loads(line) for line in (SLICE / f"{split}.jsonl").read_text().splitlines()]
+            for split in ("test", "train")}
+    assert len(rows["test"]) == len(rows["train"]) == 100
+    assert rows["test"][0]["question"].startswith("Janet\u2019s ducks lay 16 eggs per day")
+    finals = [r["answer"].rpartition("####")[2].strip() for r in rows["test"]]
+    assert {"1,450,000", "2880000"} <= set(finals)
+    assert "MIT License" in (SLICE / "LICENSE").read_text()
+
+
+def test_every_gold_solution_scores_itself(gsm8k_test: GSM8KTest) -> None:
+    assert len(gsm8k_test.rows) == (FULL_TEST_ITEMS if gsm8k_test.full else 100)
+    task = GSM8KTask(path=str(gsm8k_test.path))
+    failed = [i for i, r in enumerate(gsm8k_test.rows)
               if task.score(r["answer"], as_example(r)) != 1.0]
     assert failed == []
 
 
-def test_perturbed_answers_score_zero(gsm8k_rows: list[dict]) -> None:
+def test_perturbed_answers_score_zero(gsm8k_test: GSM8KTest) -> None:
     wrong = []
-    for i, r in enumerate(gsm8k_rows):
+    for i, r in enumerate(gsm8k_test.rows):
         n = int(normalize_number(extract_answer(r["answer"])))
         for completion in (f"The answer is \\boxed{{{n + 1}}}.", f"... so\n#### {n + 1}"):
             if math_equal(r["answer"], completion) != 0.0:
@@ -170,18 +174,27 @@ def test_without_math_verify_falls_back_to_strings(monkeypatch: pytest.MonkeyPat
 
 # --- the task: prompts, splits, loading errors -------------------------------------------------
 
-def test_task_splits_real_file(gsm8k_rows: list[dict]) -> None:
-    task = GSM8KTask(path=str(GSM8K_TEST), eval_size=200, seed=7)
+def test_task_splits_real_file(gsm8k_test: GSM8KTest) -> None:
+    path, rows = str(gsm8k_test.path), gsm8k_test.rows
+    held = 200 if gsm8k_test.full else 20
+    task = GSM8KTask(path=path, eval_size=held, seed=7)
     assert isinstance(task, Task) and task.name == "gsm8k" and task.chat
     train, held_out = task.splits()
-    assert (len(train), len(held_out)) == (1119, 200)
+    assert (len(train), len(held_out)) == (len(rows) - held, held)
     assert not {e.uid for e in train} & {e.uid for e in held_out}
-    assert [e.uid for e in held_out] == [e.uid for e in GSM8KTask(path=str(GSM8K_TEST), seed=7).splits()[1]]
-    assert [e.uid for e in held_out] != [e.uid for e in GSM8KTask(path=str(GSM8K_TEST), seed=8).splits()[1]]
-    first = next(e for e in train if e.uid == "gsm8k-train-0")
-    assert first.prompt == gsm8k_rows[0]["question"] + "\n" + INSTRUCTION
+    assert [e.uid for e in held_out] == [e.uid for e in GSM8KTask(path=path, eval_size=held, seed=7).splits()[1]]
+    assert [e.uid for e in held_out] != [e.uid for e in GSM8KTask(path=path, eval_size=held, seed=8).splits()[1]]
+    first = next(e for e in train + held_out if e.uid == "gsm8k-train-0")  # the file's first row
+    assert first.prompt == rows[0]["question"] + "\n" + INSTRUCTION
     assert first.prompt.endswith("within \\boxed{}.")
-    assert first.answer.endswith("#### 18") and first.row == gsm8k_rows[0]
+    assert first.answer.endswith("#### 18") and first.row == rows[0]
+
+
+def test_task_reads_the_train_and_test_files_of_the_slice() -> None:
+    train, held_out = GSM8KTask(path=str(SLICE / "train.jsonl"), eval_path=str(SLICE / "test.jsonl"),
+                                eval_size=0).splits()
+    assert (len(train), len(held_out)) == (100, 100)
+    assert all(e.answer.rpartition("####")[2].strip() for e in train + held_out)
 
 
 def test_task_eval_path_and_truncation(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_sync_grpo_raises_held_out_pass_rate(tmp_path, tiny_model_path):
         assert row["response_len_mean"] == pytest.approx(fmean(s["length"] for s in trained))
         assert (row["version"], row["gen_version"], row["staleness_max"], row["dropped_stale"], row["kl"]) == (
             row["step"], row["step"] - 1, 0, 0, 0.0), row  # no KL term by default
-        assert math.isfinite(row["loss"]) and row["grad_norm"] > 0 and row["time"] > rows[row["step"] - 1]["time"]
+        assert math.isfinite(row["loss"]) and row["grad_norm"] > 0
 
 
 @pytest.mark.slow

@@ -8,26 +8,23 @@ import sys
 
 import pytest
 import torch
+from engine_helpers import generate, reference_logprobs, tiny
 
-peft = pytest.importorskip("peft")
-
-from aioareal.config import AlgoConfig, TrainConfig, load_config  # noqa: E402
-from aioareal.errors import UserError  # noqa: E402
+from aioareal.config import AlgoConfig, TrainConfig, load_config
+from aioareal.errors import UserError
 from aioareal.generation import Engine, SamplingParams
-from aioareal.models import (
-    lora,  # noqa: E402
-    random_model,  # noqa: E402
-)
-from aioareal.samples import Completion, Group, Sample  # noqa: E402  # noqa: E402
-from aioareal.trainer import Trainer, train_step  # noqa: E402
-from aioareal.weightsync.full import WeightSync  # noqa: E402
-from aioareal.weightsync.lora import LoraSync  # noqa: E402
+from aioareal.models import lora
+from aioareal.samples import Completion, Group, Sample
+from aioareal.trainer import Trainer, train_step
+from aioareal.weightsync.full import WeightSync
+from aioareal.weightsync.lora import LoraSync
 
+peft = pytest.importorskip("peft")  # aioareal imports peft only when a run asks for LoRA
 CPU = torch.device("cpu")
 
 
 def _base(seed: int = 3):
-    return random_model("tiny", torch.float32, CPU, seed=seed)
+    return tiny(seed=seed)
 
 
 def _wrapped(rank: int = 4, targets: str | None = None, trained: bool = True):
@@ -43,13 +40,6 @@ def _wrapped(rank: int = 4, targets: str | None = None, trained: bool = True):
     return peft_model
 
 
-def _logprobs(logits_fn, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logp = torch.log_softmax(logits_fn(ids)[0].float(), -1)
-    return logp[len(prompt) - 1:-1].gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
-
-
 def test_engine_logprobs_after_a_merge_equal_the_peft_forward():
     peft_model = _wrapped()
     gen_model = _base()  # the generator holds the base, as a run starts
@@ -60,19 +50,14 @@ def test_engine_logprobs_after_a_merge_equal_the_peft_forward():
     assert [p.data_ptr() for p in gen_model.parameters()] == pointers  # merged in place, never rebound
     engine = Engine(gen_model, eos_ids=[1], num_slots=8, max_len=32,
                     params=SamplingParams(temperature=1.0, max_new_tokens=10), seed=2)
-    for gid in range(3):
-        engine.submit(Group(gid, list(range(5 + gid, 12 + 2 * gid)), size=2))
-    results = []
-    while engine.busy:
-        results += engine.step()
+    results = generate(engine, [Group(gid, list(range(5 + gid, 12 + 2 * gid)), size=2) for gid in range(3)])
     peft_model.eval()
     for r in results:
         for c in r.completions:
-            expected = _logprobs(lambda ids: peft_model(input_ids=ids).logits, r.prompt_ids, c.tokens)
+            expected = reference_logprobs(peft_model, r.prompt_ids, c.tokens)
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=1e-4)
     # Without the merge the base's log-probs differ: the comparison above can fail.
-    base_lp = _logprobs(lambda ids: _base()(input_ids=ids).logits, results[0].prompt_ids,
-                        results[0].completions[0].tokens)
+    base_lp = reference_logprobs(_base(), results[0].prompt_ids, results[0].completions[0].tokens)
     assert not torch.allclose(torch.tensor(results[0].completions[0].logprobs), base_lp, atol=1e-3)
 
 

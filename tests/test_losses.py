@@ -317,7 +317,8 @@ def test_aggregate_errors_name_the_problem():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_losses_keep_the_input_dtype(dtype):
-    logp, behav, adv = torch.full((2, 3), -1.0, dtype=dtype), torch.full((2, 3), -1.1, dtype=dtype), torch.ones(2, dtype=dtype)
+    logp, behav = torch.full((2, 3), -1.0, dtype=dtype), torch.full((2, 3), -1.1, dtype=dtype)
+    adv = torch.ones(2, dtype=dtype)
     outs = [losses.ppo_token_loss(logp, behav, adv, LOW, HIGH)[0],
             losses.decoupled_token_loss(logp, behav, behav, adv, LOW, HIGH)[0],
             losses.dg_token_loss(logp, adv)[0], losses.k3_kl(logp, behav),

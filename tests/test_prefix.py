@@ -1,19 +1,20 @@
 """Shared-prefix decode attention (generation/prefix.py): the merged prefix + suffix softmax equals
 attention over each row's own keys, reads the prompt from the group's leader only, and an engine
 with it generates what the plain engine does (greedy), through slot reuse, overlap and adoption."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
+from engine_helpers import (
+    assert_same_completions,
+    mixed_groups,
+    new_weights_after,
+    run_to_end,
+    wandering_engine,
+    wandering_model,
+)
 
 from aioareal.generation.prefix import layout_of, shared_prefix_attention
 from aioareal.generation.sequence import Running
 from aioareal.samples import Completion, Group
-
-_spec = importlib.util.spec_from_file_location("engine_overlap", pathlib.Path(__file__).with_name("test_engine_overlap.py"))
-overlap_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(overlap_tests)
 
 
 def _scene(dtype=torch.float32, slots=12, max_len=40, kv_heads=2, heads=6, dim=8):
@@ -81,19 +82,18 @@ def test_the_layout_is_rebuilt_only_when_the_running_set_changes():
 def test_an_engine_with_shared_prefix_generates_what_the_plain_one_does(overlap):
     """18 sequences through 6 slots (leaders finish first and their slots take new groups), forced
     and EOS ends, mixed group sizes."""
-    plain, _ = overlap_tests._run(overlap_tests._engine(overlap), overlap_tests._requests())
-    engine = overlap_tests._engine(overlap, shared_prefix=True)
+    plain, _ = run_to_end(wandering_engine(overlap), mixed_groups())
+    engine = wandering_engine(overlap, shared_prefix=True)
     assert engine.shared_prefix
-    shared, _ = overlap_tests._run(engine, overlap_tests._requests())
-    overlap_tests._assert_same(plain, shared)
+    shared, _ = run_to_end(engine, mixed_groups())
+    assert_same_completions(plain, shared)
 
 
 def test_shared_prefix_with_a_mid_rollout_adopt_and_recompute():
-    adopt_at_5 = overlap_tests.adopt_at_5
-    plain, _ = overlap_tests._run(overlap_tests._engine(False, slots=10), overlap_tests._requests()[:4], adopt_at_5)
-    shared, _ = overlap_tests._run(overlap_tests._engine(False, slots=10, shared_prefix=True),
-                                   overlap_tests._requests()[:4], adopt_at_5)
-    overlap_tests._assert_same(plain, shared)
+    plain, _ = run_to_end(wandering_engine(False, slots=10), mixed_groups()[:4], new_weights_after(5))
+    shared, _ = run_to_end(wandering_engine(False, slots=10, shared_prefix=True),
+                                   mixed_groups()[:4], new_weights_after(5))
+    assert_same_completions(plain, shared)
     assert any(c.versions[0] == 0 and c.versions[-1] == 1 for cs in shared.values() for c in cs)
 
 
@@ -106,8 +106,8 @@ def test_cuda_shared_prefix_matches_plain_greedy_in_bf16():
     got = shared_prefix_attention(q.cuda(), k.cuda(), v.cuda(), pos.cuda(), int(pos.max()) + 1, layout)
     want = _reference(q, k, v, layout.rows.cpu(), pos)
     torch.testing.assert_close(got.float().cpu(), want, atol=2e-2, rtol=2e-2)
-    model = overlap_tests._model("cuda")
-    plain, _ = overlap_tests._run(overlap_tests._engine(True, model=model, cuda_graphs=False), overlap_tests._requests())
-    shared, _ = overlap_tests._run(overlap_tests._engine(True, model=model, cuda_graphs=False, shared_prefix=True),
-                                   overlap_tests._requests())
-    overlap_tests._assert_same(plain, shared)
+    model = wandering_model("cuda")
+    plain, _ = run_to_end(wandering_engine(True, model=model, cuda_graphs=False), mixed_groups())
+    shared, _ = run_to_end(wandering_engine(True, model=model, cuda_graphs=False, shared_prefix=True),
+                                   mixed_groups())
+    assert_same_completions(plain, shared)

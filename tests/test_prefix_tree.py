@@ -7,23 +7,22 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layout_helpers import (
+    CPU,
+    assert_layout_equals_padded,
+    assert_rows_independent,
+    assert_same_step,
+    rewarded_groups,
+    sample,
+    train_one_step,
+)
 
-from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.models import random_model
-from aioareal.run.build import build_models, build_trainer
-from aioareal.samples import Completion, Group, Sample
-from aioareal.tasks.base import Example
-from aioareal.trainer import train_step
+from aioareal.samples import Sample
 from aioareal.trainer.batching import collate, computed_positions
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.prefix_tree import build_tree, plan_rows, use_tree, worthwhile_plan
-
-CPU = torch.device("cpu")
-
-
-def sample(prompt: list[int], tokens: list[int]) -> Sample:
-    return Sample(prompt, Completion(tokens, [-1.0] * len(tokens), [0] * len(tokens), "stop"), 1.0)
 
 
 def groups_like_the_default_run(rng: random.Random, n_groups: int, g: int = 8) -> list[Sample]:
@@ -47,7 +46,8 @@ def node_prefix(tree, row: int, node: int) -> list[int]:
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)
-@given(seed=st.integers(0, 10_000), n_groups=st.integers(1, 6), g=st.integers(1, 8), row_len=st.sampled_from([4, 16, 64]))
+@given(seed=st.integers(0, 10_000), n_groups=st.integers(1, 6), g=st.integers(1, 8),
+       row_len=st.sampled_from([4, 16, 64]))
 def test_property_every_prefix_is_one_node_and_every_target_points_at_its_prefix(seed, n_groups, g, row_len):
     samples = groups_like_the_default_run(random.Random(seed), n_groups, g)
     tree = build_tree(samples, pad_id=0, row_len=row_len)
@@ -95,18 +95,7 @@ def test_tree_log_probs_entropies_and_gradients_equal_the_padded_ones():
     mb = collate(samples, 0, CPU)
     tree = build_tree(samples, 0, row_len=16)  # several rows, and prompts split across them
     assert tree.input_ids.shape[0] > 1 and tree.positions < mb.input_ids.numel() / 2
-    weights = torch.randn(mb.loss_mask.shape, generator=torch.Generator().manual_seed(0))
-    results = []
-    for layout in (None, tree):
-        logp, entropy = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, 0.7, 5, tree=layout)
-        grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
-        results.append((logp, entropy, grads))
-    (padded, ent_padded, g_padded), (ours, ent_ours, g_ours) = results
-    torch.testing.assert_close(ours, padded, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent_ours, ent_padded, atol=1e-5, rtol=1e-5)
-    assert (ours[~mb.loss_mask] == 0).all()
-    for x, y in zip(g_ours, g_padded):
-        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    assert_layout_equals_padded(model, mb, tree=tree)
 
 
 def test_a_token_sees_only_its_own_prefix():
@@ -115,14 +104,8 @@ def test_a_token_sees_only_its_own_prefix():
     model = random_model("tiny", torch.float32, CPU, seed=4)
     base = [sample([4, 5, 6], [7, 8]), sample([4, 5, 9], [10, 11]), sample([4, 5, 6], [7, 12])]
     changed = [base[0], sample([4, 5, 9], [13, 14]), base[2]]
-    with torch.no_grad():
-        logps = []
-        for batch in (base, changed):
-            mb = collate(batch, 0, CPU)
-            logps.append(token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                        tree=build_tree(batch, 0))[0])
-    torch.testing.assert_close(logps[0][[0, 2]], logps[1][[0, 2]], rtol=0, atol=1e-6)
-    assert not torch.allclose(logps[0][1], logps[1][1])
+    assert collate(base, 0, CPU, tree=True).tree.input_ids.shape[0] == 1  # all three in one row
+    assert_rows_independent(model, base, changed, 1, tree=True)
 
 
 def test_the_same_micro_batch_gives_bitwise_equal_gradients():
@@ -168,35 +151,16 @@ def test_auto_builds_no_mask_for_a_tree_it_does_not_take(monkeypatch):
     assert collate(distinct, 0, CPU, share=True, tree="auto").tree is None
 
 
-def _groups(rng: random.Random) -> list[Group]:
-    samples = groups_like_the_default_run(rng, 4, g=4)
-    groups = []
-    for g in range(4):
-        batch = samples[4 * g:4 * g + 4]
-        for i, s in enumerate(batch):
-            s.reward = float(i % 2)
-        groups.append(Group(g, batch[0].prompt_ids, len(batch), Example(str(g), "q", "a"), samples=batch))
-    return groups
-
-
 @pytest.mark.parametrize("objective", ["ppo", "decoupled"])
 def test_a_training_step_on_the_tree_equals_the_shared_prompt_one(objective):
-    results = {}
-    for tree in ("false", "true"):
-        config = load_config(overrides=["model.name=random:tiny", "algo.group_size=4", f"train.prefix_tree={tree}",
-                                        f"algo.objective={objective}", "algo.kl_coef=0.05"])
-        torch.manual_seed(0)
-        models = build_models(config, config.model.name, None, CPU, CPU)
-        trainer = build_trainer(config, models, pad_id=0)
-        groups = _groups(random.Random(9))
-        assert all((mb.tree is not None) == (tree == "true") for part in trainer.pack(groups) for mb in part)
-        metrics = train_step(trainer, groups)
-        results[tree] = (metrics, [p.detach().clone() for p in trainer.params])
-    (m_tree, w_tree), (m_share, w_share) = results["true"], results["false"]
-    for key in ("loss", "grad_norm", "entropy", "kl"):
-        assert m_tree[key] == pytest.approx(m_share[key], rel=1e-4, abs=1e-6), key
-    for a, b in zip(w_tree, w_share):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    steps = {}
+    for tree in (False, True):
+        samples = groups_like_the_default_run(random.Random(9), 4, g=4)
+        groups = rewarded_groups([samples[4 * g:4 * g + 4] for g in range(4)])
+        steps[tree] = train_one_step([f"train.prefix_tree={str(tree).lower()}", f"algo.objective={objective}",
+                                      "algo.kl_coef=0.05"], groups)
+        assert all((mb.tree is not None) == tree for mb in steps[tree][2])
+    assert_same_step(steps[True], steps[False], ("loss", "grad_norm", "entropy", "kl"))
 
 
 def test_settings_auto_on_the_cpu_and_true_needs_the_project_attention():

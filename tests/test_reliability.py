@@ -183,7 +183,8 @@ def test_a_run_goes_on_through_failing_rewards(tmp_path, monkeypatch):
                       "    return [float(len(c) > 1) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     config = load_config(overrides=["model.name=random:tiny", "train.steps=6", "algo.batch_groups=4", "eval.every=0",
-                                    "reward.functions=flaky_rewards:flaky"], flags={"run.run_dir": str(tmp_path / "run")})
+                                    "reward.functions=flaky_rewards:flaky"],
+                         flags={"run.run_dir": str(tmp_path / "run")})
     train(config, **QUIET)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 6 and rows[-1]["reward_failures"] > 0
@@ -212,7 +213,8 @@ def test_second_ctrl_c_exits_at_once(tmp_path, tiny_model_path):
 def test_same_seed_same_metrics_in_sync_mode(tmp_path):
     def run(name):
         config = load_config(overrides=["model.name=random:tiny", "train.steps=4", "algo.batch_groups=4",
-                                        "eval.every=2", "data.eval_size=20"], flags={"run.run_dir": str(tmp_path / name)})
+                                        "eval.every=2", "data.eval_size=20"],
+                             flags={"run.run_dir": str(tmp_path / name)})
         train(config, **QUIET)
         rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         keep = ("reward_mean", "loss", "grad_norm", "entropy", "eval_pass_rate", "response_len_mean")

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import bench_schema
+import gsm8k_data
 import pytest
 
 from aioareal.cli import main
@@ -134,7 +136,7 @@ def test_pathological_completions_return_in_time_while_the_loop_ticks(pool: Work
 
     results, worst_gap = asyncio.run(go())
     durations = {name: round(seconds, 2) for name, (seconds, _) in zip(_pathological(), results)}
-    for name, (seconds, (scores, bad)) in zip(_pathological(), results):
+    for name, (seconds, (scores, _)) in zip(_pathological(), results):
         assert seconds < 2 * timeout, durations
         assert scores == [0.0, 1.0], name  # the group's good completion still counts
     # The event loop kept ticking (a sympy call in-process would freeze it for the whole timeout and
@@ -173,12 +175,12 @@ def test_user_reward_functions_in_processes_are_killed_on_timeout(tmp_path: Path
 
 def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -> None:
     out = tmp_path / "bench.jsonl"
-    assert main(["bench", "reward", "--completions", "64", "--repeats", "1", "--workers", "1", "--chunk", "16",
-                 "--out", str(out)]) == 0
+    assert main(["bench", "reward", "--data", str(gsm8k_data.SLICE / "train.jsonl"), "--completions", "64",
+                 "--repeats", "1", "--workers", "1", "--chunk", "16", "--out", str(out)]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert figures == json.loads(out.read_text().splitlines()[-1]) and figures["bench"] == "reward"
-    assert figures["completions"] == 64 and figures["cases"] >= 150
-    for key in ("single_cps", "pool_cps", "service_cps", "single_cpu_cps"):
-        assert figures[key] > 0, key
-    assert figures["agree_ours"] == 1.0 and figures["real_agree_ours"] == 1.0 and figures["real_rows"] >= 160
+    assert figures == json.loads(out.read_text().splitlines()[-1])
+    bench_schema.check(figures, bench_schema.REWARD, bench_schema.REWARD_AGREEMENT)
+    assert figures["completions"] == 64 and figures["workers"] == 1 and figures["cases"] >= 150
+    assert figures["agree_ours"] == 1.0 and figures["false_pass_ours"] == figures["false_fail_ours"] == 0
+    assert figures["real_agree_ours"] == 1.0 and figures["real_rows"] >= 160
     assert max(figures[f"agree_{b}"] for b in ("math_verify", "strict_regex", "flexible_regex")) < 1.0

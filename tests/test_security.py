@@ -149,7 +149,8 @@ def test_plain_checkpoint_data_loads(tmp_path):
              "scaler": {"scale": 65536.0, "growth_factor": 2.0, "_growth_tracker": 0}, "version": 2}
     torch.save(state, tmp_path / "plain.pt")
     loaded = load_plain(tmp_path / "plain.pt")
-    assert loaded["python"] == state["python"] and loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+    assert loaded["python"] == state["python"]
+    assert loaded["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
     assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
 
 

@@ -45,7 +45,8 @@ def test_plan_expands_cases_grid_and_seeds(tmp_path):
 
 def test_invalid_points_fail_before_anything_runs(tmp_path):
     with pytest.raises(UserError, match="run 'mode=sync_K=3_seed=0': config key 'rollout.max_staleness'"):
-        plan(write_spec(tmp_path, SPEC.replace("{{rollout.mode: sync}}", "{{rollout.mode: sync, rollout.max_staleness: 3}}")))
+        plan(write_spec(tmp_path, SPEC.replace("{{rollout.mode: sync}}",
+                                               "{{rollout.mode: sync, rollout.max_staleness: 3}}")))
     with pytest.raises(UserError, match="unknown sweep key"):
         plan(write_spec(tmp_path, SPEC + "\ngrids: {{}}\n"))
 

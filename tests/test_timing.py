@@ -49,8 +49,8 @@ def rows(tmp_path_factory):
 
 def test_every_step_row_has_the_train_phases_and_they_add_up_to_the_step(rows):
     for row in rows[1:]:
+        assert {k[5:] for k in row if k.startswith("time_") and not k.startswith("time_gen_")} == set(TRAIN_PHASES)
         phases = [row[f"time_{p}"] for p in TRAIN_PHASES]
-        assert all(p >= 0 for p in phases)
         step_seconds = row["train_tokens"] / row["train_tokens_per_s"]  # the trainer call's duration
         # The phases are the step, less the thread hand-off and the metrics read-back.
         assert 0.3 * step_seconds <= sum(phases) <= step_seconds + 1e-3

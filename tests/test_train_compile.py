@@ -78,7 +78,8 @@ def test_train_compile_is_a_config_field_the_builder_applies():
     models = build_models(config, config.model.name, None, device, device)
     build_trainer(config, models, pad_id=0)
     assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in models.train.model.layers)
-    assert not hasattr(models.gen.model.layers[0].forward, "_torchdynamo_orig_callable")  # the engine's copy stays eager
+    # The engine's copy stays eager.
+    assert not hasattr(models.gen.model.layers[0].forward, "_torchdynamo_orig_callable")
 
 
 def test_a_compiled_lora_step_equals_the_eager_one():

@@ -9,22 +9,22 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layout_helpers import (
+    assert_layout_equals_padded,
+    assert_rows_independent,
+    assert_same_step,
+    random_batches,
+    rewarded_groups,
+    sample,
+    train_one_step,
+)
 
-from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.models import random_model
 from aioareal.models.attention import block_causal_mask, packed_attention
-from aioareal.run.build import build_models, build_trainer
-from aioareal.samples import Completion, Group, Sample
-from aioareal.tasks.base import Example
-from aioareal.trainer import train_step
+from aioareal.samples import Sample
 from aioareal.trainer.batching import collate
-from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.varlen import build_varlen, use_varlen
-
-
-def sample(prompt: list[int], tokens: list[int]) -> Sample:
-    return Sample(prompt, Completion(tokens, [-1.0] * len(tokens), [0] * len(tokens), "stop"), 1.0)
 
 
 def samples_from(rng: random.Random, n: int, long: int = 20) -> list[Sample]:
@@ -59,24 +59,15 @@ def test_packed_attention_on_the_cpu_equals_the_block_mask_sdpa():
     cu = torch.tensor([0, 3, 10, 11, 20], dtype=torch.int32)
     q, k, v = torch.randn(1, 4, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8)
     out = packed_attention(q, k, v, cu, 9, None)
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=block_causal_mask(cu, 20), enable_gqa=True)
+    mask = block_causal_mask(cu, 20)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
 def test_one_row_log_probs_and_gradients_equal_the_padded_ones():
     model = random_model("tiny", torch.float32, torch.device("cpu"))
-    samples = samples_from(random.Random(1), 7)
-    mb = collate(samples, 0, torch.device("cpu"), varlen=True)
-    padded_logp, padded_ent = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
-    padded_logp.sum().backward()
-    padded_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    logp, ent = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, varlen=mb.varlen)
-    logp.sum().backward()
-    torch.testing.assert_close(logp, padded_logp, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent, padded_ent, rtol=1e-5, atol=1e-5)
-    for p, g in zip(model.parameters(), padded_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5)
+    mb = collate(samples_from(random.Random(1), 7), 0, torch.device("cpu"), varlen=True)
+    assert_layout_equals_padded(model, mb, varlen=mb.varlen)
 
 
 def test_no_token_attends_across_a_sequence_boundary():
@@ -84,42 +75,19 @@ def test_no_token_attends_across_a_sequence_boundary():
     samples = samples_from(random.Random(2), 4)
     changed = copy.deepcopy(samples)
     changed[1] = sample([7] * len(samples[1].prompt_ids), [9] * len(samples[1].tokens))  # same length, other tokens
-    with torch.no_grad():
-        logps = []
-        for batch in (samples, changed):
-            mb = collate(batch, 0, torch.device("cpu"), varlen=True)
-            logps.append(token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, varlen=mb.varlen)[0])
-    others = [0, 2, 3]
-    torch.testing.assert_close(logps[0][others], logps[1][others], rtol=0, atol=1e-6)
-    assert not torch.allclose(logps[0][1], logps[1][1])
+    assert_rows_independent(model, samples, changed, 1, varlen=True)
 
 
 def test_a_training_step_in_one_rows_equals_the_padded_one():
     """Gradient checkpointing turns the shared prompts off, so the micro-batches are padded or varlen."""
-    losses = {}
-    for varlen in ("false", "true"):
-        config = load_config(overrides=["model.name=random:tiny", "algo.group_size=4", "model.gradient_checkpointing=true",
-                                        f"train.varlen={varlen}", "train.prefix_tree=false"])
-        device = torch.device("cpu")
-        torch.manual_seed(0)
-        models = build_models(config, config.model.name, None, device, device)
-        trainer = build_trainer(config, models, pad_id=0)
-        assert not trainer.share_prompts and trainer.varlen == (varlen == "true")
-        rng = random.Random(3)
-        groups = []
-        for g in range(4):  # groups of 4 continuations of one prompt, rewards 0 and 1 alternating
-            prompt = [rng.randrange(3, 100) for _ in range(rng.randint(2, 8))]
-            batch = [sample(prompt, [rng.randrange(3, 100) for _ in range(rng.randint(1, 8))]) for _ in range(4)]
-            for i, s in enumerate(batch):
-                s.reward = float(i % 2)
-            groups.append(Group(g, prompt, len(batch), Example(str(g), "q", "a"), samples=batch))
-        metrics = train_step(trainer, groups)
-        losses[varlen] = (metrics["loss"], metrics["grad_norm"], [p.detach().clone() for p in trainer.params])
-        assert all(mb.varlen is not None for part in trainer.pack(groups) for mb in part) == (varlen == "true")
-    assert losses["true"][0] == pytest.approx(losses["false"][0], rel=1e-4, abs=1e-6)
-    assert losses["true"][1] == pytest.approx(losses["false"][1], rel=1e-4)
-    for a, b in zip(losses["true"][2], losses["false"][2]):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    steps = {}
+    for varlen in (False, True):
+        groups = rewarded_groups(random_batches(random.Random(3), 4, 4))
+        steps[varlen] = train_one_step(["model.gradient_checkpointing=true", f"train.varlen={str(varlen).lower()}",
+                                        "train.prefix_tree=false"], groups)
+        packed = steps[varlen][2]
+        assert all(mb.share is None and (mb.varlen is not None) == varlen for mb in packed)
+    assert_same_step(steps[True], steps[False], ("loss", "grad_norm"))
 
 
 def test_auto_stays_padded_on_the_cpu_and_true_needs_the_project_attention():

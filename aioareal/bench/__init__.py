@@ -10,7 +10,8 @@ the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file
   profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
 
 Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
-are imported only when their bench runs.
+are imported only when their bench runs. tests/bench_schema.py lists every key of each bench's JSON
+line with its type and range (the bench tests check each line against it).
 """
 from __future__ import annotations
 

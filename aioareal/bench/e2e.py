@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "bench": "e2e", **environment(device), "model": model_label(args.model),
         "dtype": str(dtype).replace("torch.", ""), "batch_groups": args.batch_groups, "group_size": args.group_size,
-        "slots": args.slots or args.batch_groups * args.group_size, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens, "length_dist": args.length_dist,
+        "slots": args.slots or args.batch_groups * args.group_size, "prompt_len": args.prompt_len,
+        "max_new_tokens": args.max_new_tokens, "length_dist": args.length_dist,
         "mean_len": args.mean_len, "max_staleness": args.max_staleness, "steps": args.steps,
         "warmup_steps": args.warmup_steps, "seed": args.seed, "micro_batch_tokens": args.micro_batch_tokens}
     for mode, r in results.items():

@@ -124,7 +124,7 @@ async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[
     slots, span and admissions both times), and compares the steps that ran wholly inside the train
     step with the same steps alone. Unpaired means were biased by what the two windows happened to
     hold: the alone one held the first admission's prefill, the other did not, and the probe read
-    a decode 14% faster while training where the end-to-end run decoded the same steps 16% slower.
+    decoding as faster while training where the end-to-end run decoded the same steps slower.
     Alone and together alternate for `rounds` rounds, so a change in the machine's speed meanwhile
     hits both sides of each ratio."""
     alone = inside = 0.0
@@ -134,7 +134,8 @@ async def contention(worker: EngineWorker, trainer: TrainerWorker, groups: list[
         seconds, steps, within = await _train_while_decoding(worker, trainer, groups, size, width, length, vocab,
                                                             random.Random(seed + r))
         train_with += seconds
-        again = await keep_decoding(worker, size, width, length, lambda n: n >= len(steps), vocab,
+        total = len(steps)  # the same steps again, alone
+        again = await keep_decoding(worker, size, width, length, lambda n, total=total: n >= total, vocab,
                                     random.Random(seed + r))
         train_alone += (await train_point(trainer, groups))[1]
         for (s, e), (s2, e2), counted in zip(steps, again, within):

@@ -99,8 +99,8 @@ async def measure(args: argparse.Namespace, gen: Any, trainer: Any, max_len: int
                               PROFILE_NEW_TOKENS, CONTENTION_ROUNDS, vocab, args.seed)
     reward = await reward_seconds(size, 8)
     return {"engine": engine, "train": train, "train_budget": trainer.trainer.micro_batch_tokens,
-            "train_share": trainer.trainer.share_prompts, "publish": median(publish), "adopt": adopt, "contention": shared,
-            "reward": reward}
+            "train_share": trainer.trainer.share_prompts, "publish": median(publish), "adopt": adopt,
+            "contention": shared, "reward": reward}
 
 
 def profile_of(args: argparse.Namespace, m: dict[str, Any], device: torch.device, dtype: torch.dtype,
@@ -117,7 +117,8 @@ def profile_of(args: argparse.Namespace, m: dict[str, Any], device: torch.device
         name=name, kind="measured", device=f"{device} ({device_name}, {torch.get_num_threads()} threads)",
         model=model_label(args.model), dtype=str(dtype).replace("torch.", ""),
         decode=DecodeCost.fitted(m["engine"].decode), prefill=PrefillCost.fitted(m["engine"].prefill),
-        train=TrainCost.fitted(m["train"], unit="positions", budget=m["train_budget"], share=m["train_share"]), publish_s=m["publish"], adopt_s=m["adopt"], reward_s=m["reward"],
+        train=TrainCost.fitted(m["train"], unit="positions", budget=m["train_budget"], share=m["train_share"]),
+        publish_s=m["publish"], adopt_s=m["adopt"], reward_s=m["reward"],
         contention=Contention(max(1.0, c["decode_with_train_s"] / c["decode_alone_s"]),
                               max(1.0, c["train_with_decode_s"] / c["train_alone_s"]), how),
         param_count=params, setup=setup,

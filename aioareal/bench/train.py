@@ -55,7 +55,8 @@ from .train_layouts import run_layouts
 from .train_lora import run_lora
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
-VARIANTS = {"packed_chunked": "packed + chunked", "packed_naive": "packed + naive", "padded_chunked": "padded + chunked"}
+VARIANTS = {"packed_chunked": "packed + chunked", "packed_naive": "packed + naive",
+            "padded_chunked": "padded + chunked"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

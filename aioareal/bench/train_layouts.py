@@ -6,9 +6,9 @@
 
 What the tree saves depends on how alike a group's completions are, which random weights cannot
 show: here each group of `--group-size` samples draws its completions from `--answers` distinct
-ones (0: every completion distinct), as a policy that has learnt a short answer repeats it. The
-default run's batches (prompts of 6 tokens, completions of about 4, B=32 x G=8) have about a
-third of their completion positions distinct. Reported per layout: forward + backward seconds of
+ones (0: every completion distinct), as a policy that has learnt a short answer repeats it, as
+the default run's batches (prompts of 6 tokens, completions of about 4, B=32 x G=8) do: most of
+their completion positions repeat another's. Reported per layout: forward + backward seconds of
 the whole batch (chunked log-probs, a token-mean loss) and the token positions it computes.
 """
 from __future__ import annotations

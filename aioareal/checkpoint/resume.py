@@ -20,8 +20,8 @@ from . import local as checkpoint
 # Keys a resume may change without --force: they do not change what is being trained (a sharded
 # checkpoint reshards to another number of ranks, whose count config.yaml only records).
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
-                  "reward.workers", "reward.isolation", "run.run_dir", "dist.timeout_s", "dist.backend", "dist.world_size",
-                  "run.trackers", "run.tracker_project", "run.wandb_mode"}
+                  "reward.workers", "reward.isolation", "run.run_dir", "dist.timeout_s", "dist.backend",
+                  "dist.world_size", "run.trackers", "run.tracker_project", "run.wandb_mode"}
 AUTO = "auto"  # --resume auto --run-dir DIR: continue DIR if it holds a run, else start it
 
 

@@ -42,7 +42,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         self.path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        if name in ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if name in ALLOWED.get(module, ()) or dtype:
             return super().find_class(module, name)
         raise UnsafeFile(self.path, f"a reference to {module}.{name}")
 

@@ -17,6 +17,6 @@ from .schema import (
                      WarmupConfig,
 )
 
-__all__ = ["DEFAULT_STALENESS", "AlgoConfig", "ArithmeticConfig", "Config", "DataConfig", "DistConfig", "EvalConfig", "GenerationConfig", "ModelConfig", "RewardConfig",
-           "RolloutConfig", "RunConfig", "TrainConfig", "WarmupConfig", "dump_yaml", "known_keys", "load_config",
-           "save_config", "to_dict"]
+__all__ = ["DEFAULT_STALENESS", "AlgoConfig", "ArithmeticConfig", "Config", "DataConfig", "DistConfig", "EvalConfig",
+           "GenerationConfig", "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig",
+           "WarmupConfig", "dump_yaml", "known_keys", "load_config", "save_config", "to_dict"]

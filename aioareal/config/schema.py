@@ -36,7 +36,8 @@ class ModelConfig:
     lora_alpha: float = doc("LoRA scale numerator: the update is (lora_alpha / lora_rank) * B @ A", 32.0)
     lora_dropout: float = doc("dropout on the adapters' input while training (0 keeps the trainer's log-probs "
                               "equal to the generator's)", 0.0)
-    lora_targets: list[str] = doc("module names that get adapters (the attention and MLP projections)", list(LORA_TARGETS))
+    lora_targets: list[str] = doc("module names that get adapters (the attention and MLP projections)",
+                                  list(LORA_TARGETS))
 
     def __post_init__(self) -> None:
         check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
@@ -98,9 +99,9 @@ class RewardConfig:
                        "isolation=process)", 4)
     timeout_s: float = doc("time limit for scoring one group; a check still running then scores 0 and is counted "
                            "(reward_timeouts; a worker process is killed and replaced)", 10.0)
-    isolation: Literal["thread", "process"] = doc("where reward.functions run: thread (nothing needs to pickle; a hung call can only be "
-                         "abandoned) or process (spawned workers, killed on timeout; functions and columns must "
-                         "pickle)", "thread")
+    isolation: Literal["thread", "process"] = doc(
+        "where reward.functions run: thread (nothing needs to pickle; a hung call can only be abandoned) or process "
+        "(spawned workers, killed on timeout; functions and columns must pickle)", "thread")
 
     def __post_init__(self) -> None:
         check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")
@@ -119,7 +120,8 @@ class GenerationConfig:
     cuda_graphs: bool = doc("capture decode steps in CUDA graphs (CUDA only)", True)
     compile: bool = doc("fuse the decode step's small kernels with torch.compile (needs Triton on CUDA or a C++ "
                         "compiler on CPU; the first steps wait for compilation)", False)
-    overlap: bool | Literal["auto"] = doc("read each step's tokens while the next step computes; auto = on for CUDA", "auto")
+    overlap: bool | Literal["auto"] = doc("read each step's tokens while the next step computes; auto = on for CUDA",
+                                          "auto")
     fused_sampler: bool | Literal["auto"] = doc(
         "sample with the exponential race compiled into per-row reductions that read the logits once "
         "(torch.compile; top_p < 1 keeps the plain sampler); auto = on with CUDA and Triton, off on the CPU", "auto")
@@ -238,7 +240,8 @@ class DistConfig:
     timeout_s: float = doc("seconds any collective may wait for the other ranks before the run fails naming its "
                            "rank (a dead or stalled rank must not hang the job); longer than a batch's generation "
                            "can differ between ranks, and than a checkpoint takes", 300.0)
-    backend: Literal["auto", "nccl", "gloo"] = doc("torch.distributed backend: auto = nccl with CUDA, else gloo", "auto")
+    backend: Literal["auto", "nccl", "gloo"] = doc("torch.distributed backend: auto = nccl with CUDA, else gloo",
+                                                   "auto")
     world_size: int = doc("recorded, not read: the number of ranks the run last ran with (set from torchrun's "
                           "WORLD_SIZE; 0 for a single process)", 0)
 

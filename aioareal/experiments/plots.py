@@ -129,7 +129,7 @@ def time_to_threshold(groups: dict[str, list[Run]], threshold: float, how: str) 
     fig, ax = figure(f"Time to held-out pass rate >= {threshold:.3f}\n" + textwrap.fill(f"({how})", 90),
                      "seconds (mean over the seeds that reached it; whiskers: min-max)", "",
                      size=(9.0, 1.5 + 0.55 * len(groups)))
-    for i, (label, runs) in enumerate(groups.items()):
+    for i, runs in enumerate(groups.values()):  # labels: the y ticks below
         hits = [] if math.isnan(threshold) else [r.first_reaching(threshold) for r in runs]
         times = [float(h["time"]) for h in hits if h is not None]
         mean = float(np.mean(times)) if times else 0.0

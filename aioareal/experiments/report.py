@@ -36,7 +36,8 @@ DIAGNOSTICS = {  # metrics.jsonl column -> (header, format, last N steps only or
     "stale_token_frac": ("stale tokens", "{:.1%}", None), "behav_weight_mean": ("mean w", "{:.3f}", None),
     "behav_weight_max": ("max w (per step)", "{:.2f}", None),
     "behav_outside_clip_frac": ("w outside clip range", "{:.1%}", None), "clip_frac": ("clipped", "{:.1%}", None),
-    "capped_frac": ("capped", "{:.2%}", None), "capped_neg_frac": ("capped, A < 0", "{:.2%}", None), "entropy": ("entropy", "{:.3f}", None),
+    "capped_frac": ("capped", "{:.2%}", None), "capped_neg_frac": ("capped, A < 0", "{:.2%}", None),
+    "entropy": ("entropy", "{:.3f}", None),
     "entropy_end": ("entropy, last 10 steps", "{:.3f}", 10),
 }
 
@@ -162,7 +163,8 @@ def write_report(path: str | Path, out_dir: str | Path, threshold: float | None 
     name = Path(path).resolve().name
     # A hand-written findings.md next to the report (what the figures show) is kept at its top.
     findings = Path(out_dir) / "findings.md"
-    lines = [f"# Report: {name}", ""] + ([findings.read_text(encoding="utf-8").strip(), ""] if findings.is_file() else [])
+    written = [findings.read_text(encoding="utf-8").strip(), ""] if findings.is_file() else []
+    lines = [f"# Report: {name}", "", *written]
     lines += [f"{len(runs)} run(s) in {len(groups)} configuration(s), read from `{path}`; "
               f"{sum(not r.complete for r in runs)} incomplete (no `DONE` file and fewer than train.steps steps).", "",
               f"**Threshold**: held-out pass rate {value:.3f} ({how}).", "",

@@ -62,7 +62,8 @@ def read_spec(path: Path) -> dict[str, Any]:
     if unknown:
         raise UserError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))} "
                         f"(expected {', '.join(sorted(SPEC_KEYS))})")
-    if not isinstance(spec.get("grid", {}), dict) or not all(isinstance(v, list) for v in spec.get("grid", {}).values()):
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or not all(isinstance(v, list) for v in grid.values()):
         raise UserError(f"{path}: 'grid' must map config keys to lists of values")
     return spec
 

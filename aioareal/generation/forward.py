@@ -3,8 +3,9 @@
 The engine does not copy weights: it calls the HF model's Linear and norm modules, so a weight
 sync that copies into those parameters (`param.copy_`) is seen by the next step, CUDA graphs
 included. With `fuse` (the default) q/k/v and gate/up each run as one matmul over a fused weight
-that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill
-writes a whole prompt, decode writes one token per slot and attends over a length bucket.
+that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is
+preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill writes a whole prompt,
+decode writes one token per slot and attends over a length bucket.
 
 Supported: architectures with `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
 RMSNorm and default RoPE (Qwen2, Qwen2.5, Llama, Mistral without sliding window; Qwen3's q/k norms).
@@ -97,10 +98,10 @@ class FastForward:
     # -- building blocks -------------------------------------------------------------------------
     def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if _HAS_RMS_NORM:
-            # One fused kernel where HF's Qwen2RMSNorm launches six (-0.8 ms of a 4.8 ms decode step
-            # on an H100). Both normalise in fp32; HF rounds once more before scaling, so in bf16 a
-            # quarter of outputs differ by an ulp and the engine-vs-HF logprob error grows from about
-            # 0.0010 to 0.0015 on average: small beside the bf16 trainer's own rounding.
+            # One fused kernel where HF's Qwen2RMSNorm launches six: launches weigh on a small
+            # model's decode step on a GPU. Both normalise in fp32; HF rounds once more before
+            # scaling, so in bf16 some outputs differ by an ulp and the engine-vs-HF logprob error
+            # grows a little: small beside the bf16 trainer's own rounding.
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)

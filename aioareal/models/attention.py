@@ -5,8 +5,8 @@ On a GPU, and for long sequences anywhere, it is transformers' own SDPA path unc
 when the keys are few (the offline default's prompts and completions are about a dozen tokens),
 it computes attention as two batched matmuls and a softmax, grouping query heads onto their key
 heads instead of repeating the keys: at those lengths torch's CPU flash kernel costs more than the
-arithmetic, and the trainer's step takes about 0.8x the time with this path (README, The CPU
-default run). Results equal SDPA's to float rounding (tests/test_attention.py).
+arithmetic, so the trainer's step is faster with this path (README, The CPU default run). Results
+equal SDPA's to float rounding (tests/test_attention.py).
 
 Sequences packed into one row (trainer/varlen.py) arrive with `cu_seq_lens_q` and attend within
 their own sequence only: torch's varlen flash kernel on CUDA; elsewhere SDPA per sequence on the

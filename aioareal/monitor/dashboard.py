@@ -3,11 +3,11 @@ monitor/plain.py).
 
 Design: the dashboard only reads a `Snapshot` (monitor/live.py), which the event loop builds and
 swaps in whole. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there to fetch
-the latest one; everything it draws is formatting of numbers the run already holds. `render` is a pure function of the snapshot
-(and the terminal width, read at render time): sparklines, bars and the busy timelines grow with
-the width; at >= 90 columns the panels sit in a two-column grid that stays within 30 rows at
-100 columns, narrower terminals stack them. A failing snapshot or render shows a one-line error
-panel instead of raising into the run.
+the latest one; everything it draws is formatting of numbers the run already holds. `render` is a
+pure function of the snapshot (and the terminal width, read at render time): sparklines, bars and
+the busy timelines grow with the width; at >= 90 columns the panels sit in a two-column grid that
+stays within 30 rows at 100 columns, narrower terminals stack them. A failing snapshot or render
+shows a one-line error panel instead of raising into the run.
 """
 from __future__ import annotations
 
@@ -117,12 +117,14 @@ def _throughput(s: Snapshot, width: int) -> list[Text]:
     gen = s.gen_busy[-1] if s.gen_busy else 0.0
     train = s.train_busy[-1] if s.train_busy else 0.0
     return [
-        _line(("gen   ", "dim"), f"{s.gen_tokens_per_s:>8,.0f} tok/s  ", (bar(gen, busy_w), "green"), f" {gen:>4.0%} busy"),
+        _line(("gen   ", "dim"), f"{s.gen_tokens_per_s:>8,.0f} tok/s  ", (bar(gen, busy_w), "green"),
+              f" {gen:>4.0%} busy"),
         _line(("train ", "dim"), f"{s.train_tokens_per_s:>8,.0f} tok/s  ", (bar(train, busy_w), "yellow"),
               f" {train:>4.0%} busy"),
         _line(("samples ", "dim"), f"{s.samples_per_s:.1f}/s"),
         *([_line(("ranks busy  gen ", "dim"), " ".join(f"{b:.0%}" for b in s.gen_busy_ranks),
-                 ("  ·  train ", "dim"), " ".join(f"{b:.0%}" for b in s.train_busy_ranks))] if s.gen_busy_ranks else []),
+                 ("  ·  train ", "dim"), " ".join(f"{b:.0%}" for b in s.train_busy_ranks))]
+          if s.gen_busy_ranks else []),
         _line(("step s ", "dim"), _phases(s.train_phases, width - 7)),  # seconds per phase, last step
         _line(("gen s  ", "dim"), _phases(s.gen_phases, width - 7)),
         _line(("busy per step, oldest to newest", "dim")),

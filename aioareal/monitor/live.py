@@ -148,7 +148,8 @@ class LiveState:
         snap.staleness_hist = dict(sum(self.staleness, Counter()))
         for key, value in self.counters.items():  # trainer/generator version, groups running/ready
             setattr(snap, key, value)
-        snap.train_phases = {k[5:]: v for k, v in row.items() if k.startswith("time_") and not k.startswith("time_gen_")}
+        snap.train_phases = {k[5:]: v for k, v in row.items()
+                             if k.startswith("time_") and not k.startswith("time_gen_")}
         snap.gen_phases = {k[9:]: v for k, v in row.items() if k.startswith("time_gen_")}
         snap.gpu_memory = [(str(d), torch.cuda.memory_allocated(d) / 2**30,
                             torch.cuda.get_device_properties(d).total_memory / 2**30) for d in self.cuda_devices]

@@ -1,9 +1,9 @@
 """Daemon threads for the reward service's in-process stage, reused from call to call.
 
-Starting a thread per call blocks the event loop until the new thread has run (`Thread.start`
-waits for it to signal): about 2 ms per call on a busy 2-core machine, for every group. These
-threads are reused instead, and a new one starts only when none is idle. A call that overruns its
-timeout cannot be stopped: its thread is written off (it keeps running; the service counts it as
+Starting a thread per call blocks the event loop until the new thread has run (`Thread.start` waits
+for it to signal): a wait on every call, for every group, and the longer the busier the machine.
+These threads are reused instead, and a new one starts only when none is idle. A call that overruns
+its timeout cannot be stopped: its thread is written off (it keeps running; the service counts it as
 hung) and work that arrives meanwhile gets a new thread, so hung calls never starve later ones.
 Daemon threads rather than a ThreadPoolExecutor: an executor's threads are joined at interpreter
 exit, so one verifier that never returns would hang shutdown.

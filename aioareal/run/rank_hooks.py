@@ -3,10 +3,11 @@
 `RankHooks.on_step` gathers every rank's report over the control group (on a thread of its own,
 so the event loop and the generator keep going while a rank waits for the others), merges the rows
 into the global one that rank 0 writes and shows, adds every rank's counters to the checkpoint
-state, and settles a stop: a Ctrl-C or SIGTERM on any rank stops every rank after the same step.
-The signal handler only notes the request (`request_stop`); the ranks act on it together here
-(`on_step` returns the signal to every rank's orchestrator, which stops after that step), because a rank that left the loop on its own while another started the next step would leave that
-one waiting in a collective.
+state, and settles a stop: a Ctrl-C or SIGTERM on any rank stops every rank after the same step. The
+signal handler only notes the request (`request_stop`); the ranks act on it together here (`on_step`
+returns the signal to every rank's orchestrator, which stops after that step), because a rank that
+left the loop on its own while another started the next step would leave that one waiting in a
+collective.
 """
 from __future__ import annotations
 

@@ -84,8 +84,8 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
         optimizer.step()
         schedule.step()
         if step % EVAL_EVERY == 0:
-            pass_rate = evaluate(model, eval_set, task.score, lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-                                 eos, max_new_tokens=8).pass_rate
+            decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            pass_rate = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
             if pass_rate >= w.target_pass_rate:
                 break
     model.save_pretrained(out)

@@ -56,7 +56,8 @@ class Topology:
         return 2 * (n - 1) / n * grad_bytes / (self.link(profile) * 1e9) + 2 * (n - 1) * ALLREDUCE_HOP_S
 
     def label(self) -> str:
-        per = "generator + trainer on one device" if self.devices_per_cell == 1 else "generator and trainer on two devices"
+        per = ("generator + trainer on one device" if self.devices_per_cell == 1
+               else "generator and trainer on two devices")
         return f"{self.cells} cell{'s' if self.cells > 1 else ''}, {per}"
 
 

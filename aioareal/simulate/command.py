@@ -29,7 +29,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="run config YAML: B, G, completion cap, slots, recompute_kv (flags override)")
     p.add_argument("--mode", choices=["sync", "one-step", "async", "all"], default="all",
                    help="all: sync, one-step and async at every --max-staleness (sync is always the baseline)")
-    p.add_argument("--max-staleness", default="0,1,2,4,8", help="K values of async, comma-separated (default 0,1,2,4,8)")
+    p.add_argument("--max-staleness", default="0,1,2,4,8",
+                   help="K values of async, comma-separated (default 0,1,2,4,8)")
     for flag, what in (("batch-groups", "B"), ("group-size", "G"), ("prompt-len", "prompt tokens"),
                        ("max-new-tokens", "completion cap"), ("slots", "engine slots (0: B x G)")):
         p.add_argument(f"--{flag}", type=int, help=f"{what} (default: the config's, else bench e2e's)")
@@ -76,7 +77,8 @@ def setting_of(args: argparse.Namespace) -> tuple[Setting, int]:
         recompute = c.generation.recompute_kv
     shape.update({k: v for k in shape if (v := getattr(args, k)) is not None})
     recompute = recompute if args.recompute_kv is None else args.recompute_kv
-    if min(shape["batch_groups"], shape["prompt_len"], shape["max_new_tokens"], args.steps) < 1 or shape["group_size"] < 2:
+    if min(shape["batch_groups"], shape["prompt_len"], shape["max_new_tokens"], args.steps) < 1 \
+            or shape["group_size"] < 2:
         raise UserError("--batch-groups, --prompt-len, --max-new-tokens and --steps must be >= 1, --group-size >= 2")
     if args.warmup_steps < 0 or (args.reward_s is not None and args.reward_s < 0):
         raise UserError("--warmup-steps and --reward-s must be >= 0")

@@ -48,7 +48,8 @@ def components() -> dict[str, list[dict]]:
                       part(1.5e-3, "latency", "assumed: ~290 copy launches")],
         "adopt_s": [part(4 * PARAMS / 3.35e12, "bandwidth", "bf16 staging -> weights"),
                     part(1.5e-3, "latency", "assumed: ~290 copy launches")],
-        "reward_s": [part(1e-3, "host", "GSM8K verifier round trip, measured 0.5-0.7 ms on the 2-core CPU, rounded up")],
+        "reward_s": [part(1e-3, "host",
+                          "GSM8K verifier round trip, measured 0.5-0.7 ms on the 2-core CPU, rounded up")],
     }
 
 

@@ -31,7 +31,8 @@ def print_table(profile: Profile, topology: Topology, s: Setting, lengths: str, 
         print(f"  {r.mode:<9}{r.k:>3}{r.samples_per_s:>11.2f}{r.s_per_step:>9.3f}{r.samples_per_s / sync:>8.2f}x"
               f"{100 * r.gen_idle:>9.0f}%{100 * r.train_idle:>11.0f}%{100 * r.interrupted:>12.0f}%  "
               f"{histogram(r.staleness)}")
-    print(f"  (simulated {len(results)} x {s.warmup_steps + s.steps} steps in {sum(r.sim_seconds for r in results):.1f} s)")
+    took = sum(r.sim_seconds for r in results)
+    print(f"  (simulated {len(results)} x {s.warmup_steps + s.steps} steps in {took:.1f} s)")
 
 
 def result_json(results: list[Result]) -> dict[str, Any]:
@@ -80,7 +81,8 @@ def against_rows(profile: Profile, topology: Topology, path: str) -> list[dict[s
                          "error": r.samples_per_s / measured - 1, "measured_gen_idle": line.get(f"{key}_gen_idle"),
                          "predicted_gen_idle": r.gen_idle, "measured_train_idle": line.get(f"{key}_train_idle"),
                          "predicted_train_idle": r.train_idle,
-                         "measured_interrupted": line.get(f"{key}_interrupted"), "predicted_interrupted": r.interrupted})
+                         "measured_interrupted": line.get(f"{key}_interrupted"),
+                         "predicted_interrupted": r.interrupted})
     return rows
 
 

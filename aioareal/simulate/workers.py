@@ -214,8 +214,8 @@ class ProfiledGenerator(QueuedSequences):
         their count) and versions: token 1 comes with the prefill (the version of the decode step in
         the same call), token m >= 2 from decode step first + m - 2. `versions` holds one entry per
         run of tokens under one version, not one per token: the orchestrator reads only their min
-        and max (staleness, version_min/max), and min() over 200-entry lists per sample per use
-        was a third of the simulation's time."""
+        and max (staleness, version_min/max), and min() over per-token lists, per sample per use,
+        was a large share of the simulation's time."""
         c = seq.group.samples[seq.index].completion
         length = seq.target
         self.tokens_generated += length  # counted when a sequence ends (the engine counts each step)

@@ -50,7 +50,8 @@ class ArithmeticTask:
     def example(a: int, op: str, b: int, style: str = "raw") -> Example:
         answer = str(OPERATORS[op](a, b))
         prompt = f"{a}{op}{b}=" if style == "raw" else f"What is {a} {op} {b}? {INSTRUCTION}"
-        return Example(uid=f"{a}{op}{b}", prompt=prompt, answer=answer, row={"a": a, "b": b, "op": op, "answer": answer})
+        row = {"a": a, "b": b, "op": op, "answer": answer}
+        return Example(uid=f"{a}{op}{b}", prompt=prompt, answer=answer, row=row)
 
     def score(self, completion: str, example: Example) -> float:
         if self.style == "raw":

@@ -31,9 +31,9 @@ from .quantities import read_quantity
 
 _DECORATION = re.compile(r"[\s*(\[:=]*(?:(?:about|approximately|approx\.?|around|roughly|≈|~) ?)?"
                          r"(?:(?:usd|us\$|rs\.?|inr|eur|gbp|cad|aud) ?)?[\s*(\[]*", re.I)
-_BOUND_BEFORE = re.compile(r"(?<![A-Za-z])(?:at (?:least|most)|(?:more|less|fewer|greater|higher|lower) than|up to|over|under|"
-                           r"above|below|nearly|almost|between|from|no (?:more|less) than|≥|≤|>|<|±|\+/-) ?[$€£¥₹]?$",
-                           re.I)
+_BOUND_BEFORE = re.compile(r"(?<![A-Za-z])(?:at (?:least|most)|(?:more|less|fewer|greater|higher|lower) than|"
+                           r"up to|over|under|above|below|nearly|almost|between|from|no (?:more|less) than|"
+                           r"≥|≤|>|<|±|\+/-) ?[$€£¥₹]?$", re.I)
 _ALTERNATIVE_AFTER = re.compile(r" ?(?:%|percent|per ?cent)? ?(?:or|to|through|thru|and|&|–|—|~|,|;) ?[$€£¥₹]? ?[-.]?\d"
                                 r"|-\d| ?(?:or|and) (?:more|less|fewer|so|above|below|greater|higher|lower|over|under|"
                                 r"up|maybe|possibly|perhaps)(?![a-z])| ?(?:±|\+/-|\+-)|\+(?! ?[\d(])", re.I)
@@ -44,7 +44,8 @@ _SIGN_WORD = re.compile(r"(?:negative|minus) ?", re.I)
 _SIGN_BEFORE = re.compile(r"(?:(?<![\d)] )(?<![\d)])minus|negative) ?$", re.I)  # "20 minus 3" is a difference
 _WORD_ALTERNATIVE = re.compile(r" ?(?:or|to|-|–) ?(?:" + WORD_START.pattern + ")", re.I)  # "eighteen or nineteen"
 _REGION = re.compile(r"[^,;:(\d]*")  # units and words up to the first separator or digit
-_BOUND_IN_REGION = re.compile(r"\b(?:or|to) (?:more|less|fewer|so)\b|\bat (?:least|most)\b|\bor (?:maybe|possibly)\b", re.I)
+_BOUND_IN_REGION = re.compile(r"\b(?:or|to) (?:more|less|fewer|so)\b|\bat (?:least|most)\b"
+                              r"|\bor (?:maybe|possibly)\b", re.I)
 _JOINS_NEXT = re.compile(r"\b(?:or|to|and) ?[$€£¥₹]? ?$", re.I)  # "18 dollars or " + a digit
 _PERCENT_AFTER = re.compile(r" ?(?:%|percent\b|per cent\b)", re.I)
 _LIST_GAP = re.compile(r" ?(?:%|percent)? ?(?:,|;|/|&|or|and|to|–|—|, ?and|, ?or)? ?", re.I)

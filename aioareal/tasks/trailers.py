@@ -46,7 +46,7 @@ def strip_trailers(text: str) -> str:
         return text[:end]
     heading = _heading(text, first_digit.end(), end)
     keep = None
-    for keep in _KEEPS.finditer(text, heading[0] if heading else end, end):
+    for keep in _KEEPS.finditer(text, heading[0] if heading else end, end):  # noqa: B007 (the last one is kept)
         pass
     if keep is not None:  # a trailer holds no concluding or correcting word: look after the last one
         heading = _heading(text, keep.end(), end)

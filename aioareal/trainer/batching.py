@@ -51,7 +51,8 @@ class MicroBatch:
         exactly zero, but its forward and backward take part in the sharded model's collectives."""
         zeros = torch.zeros(1, 1, device=device)
         return cls(torch.full((1, 2), pad_id, dtype=torch.long, device=device),
-                   torch.ones(1, 2, dtype=torch.long, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device),
+                   torch.ones(1, 2, dtype=torch.long, device=device),
+                   torch.zeros(1, 1, dtype=torch.bool, device=device),
                    zeros, zeros.clone(), torch.zeros(1, device=device), real_tokens=0, completion_tokens=0, filler=True)
 
     def halves(self) -> list[MicroBatch]:

@@ -13,7 +13,7 @@ no KV cache (`use_cache=False`, trainer/logprobs.py): one graph serves every lay
 new shape would compile again. peft's LoRA layers trace too (tests/test_train_compile.py: equal
 to eager, adapters off for the KL reference included). What it buys is fused elementwise kernels
 (RMSNorm, RoPE, SiLU x up, residual adds) in forward and backward; on a GPU that is launch
-overhead and memory traffic saved. On a 2-core CPU a layer takes minutes to compile with inductor, more than
+overhead and memory traffic saved. On a small CPU compiling a layer with inductor takes longer than
 the default run's whole training, so it is off by default.
 """
 from __future__ import annotations

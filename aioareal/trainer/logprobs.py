@@ -20,7 +20,7 @@ from .varlen import VarlenRows
 
 # A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
 # of recomputed: for a small vocabulary (the offline tiny model's 128 words) the recompute and the
-# checkpoint's bookkeeping cost more than the memory saves (about 4% of the default run's step).
+# checkpoint's bookkeeping cost more time in the default run's step than the memory is worth.
 KEEP_LOGITS = 8 << 20
 
 
@@ -57,7 +57,8 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
                    chunk: int = 2048, share: PromptShare | None = None,
-                   varlen: VarlenRows | None = None, tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   varlen: VarlenRows | None = None,
+                   tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions.
     Returns logp (b, L-1) and entropy (b, L-1), zero off the mask. With `share` (the same rows
     in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py);
@@ -90,7 +91,8 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     return _scatter(loss_mask, *selected_logprobs(selected, targets, model.lm_head, temperature, chunk))
 
 
-def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor, ent_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor,
+             ent_flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(n,) values in loss_mask's row-major order -> (b, L-1), zero off the mask."""
     logp = torch.zeros(loss_mask.shape, dtype=logp_flat.dtype, device=logp_flat.device)
     entropy = torch.zeros_like(logp, requires_grad=False)

@@ -4,8 +4,8 @@ Causal attention makes a position's hidden state a function of its prefix alone,
 that start alike compute the same states up to where they part. The shared-prompt layout
 (trainer/shared_prompts.py) uses this for a group's prompt; here it is used for every prefix: the
 G completions of a group often begin alike, or are identical (a policy that has learnt to answer
-a short question writes the same few tokens most of the time: on the offline default run about
-a third of a batch's completion positions are distinct), and several prompts may share a
+a short question writes the same few tokens most of the time: on the offline default run most
+of a batch's completion positions repeat another's), and several prompts may share a
 system prompt or a template. The micro-batch's distinct prefixes become the nodes of a trie; each
 node is one position of the model's input, attending to its ancestors and itself only, at its
 depth's position id. Log-probs are the padded path's up to float rounding, and so are the

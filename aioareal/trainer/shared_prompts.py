@@ -8,8 +8,8 @@ pass that attends to them. The log-probs are the padded path's up to float round
 gradients: the prompt's share adds up over its rows in the backward pass of the gather. On the
 offline default run (B=32 groups of G=8, prompts of up to 7 tokens, completions of about 4) a
 micro-batch computes 32x7 + 256x4 token positions instead of 256x11, and its forward and backward
-take half the time on one CPU thread (less on two, where per-op overhead weighs more: README,
-Performance).
+take much less time on the CPU (the saving shrinks with more threads, where per-op overhead weighs
+more: README, Performance).
 
 Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   prompts (g, P) right-padded, the distinct prompts; `row_prompt` (b,) picks row i's;
