@@ -2,7 +2,13 @@
 (simulate/workers.py) follows the same ones."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from .fused_sampling import fused_sample
+from .inverse_cdf import inverse_cdf_sample
+from .sampling import sample
 
 # With CUDA graphs the attention span is rounded up to a bucket so few graphs are captured;
 # eager decoding attends over exactly the live context.
@@ -28,3 +34,12 @@ def resolve_overlap(overlap: bool | str, device: torch.device) -> bool:
     if not isinstance(overlap, bool):
         raise ValueError(f"overlap must be true, false or 'auto', got {overlap!r}")
     return overlap
+
+
+def sampler_for(device: torch.device, fused: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The compiled exponential race where asked (fused_sampling.py); else on the CPU the inverse-CDF
+    draw, one random number per row (inverse_cdf.py: the race's one draw per word costs more than
+    the LM head there), and on a GPU the race, whose per-word draws are parallel and cheap."""
+    if fused:
+        return fused_sample
+    return inverse_cdf_sample if device.type == "cpu" else sample

@@ -39,14 +39,13 @@ from transformers import PreTrainedModel
 
 from ..samples import Group
 from ..timing import PhaseTimer
-from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap  # noqa: F401 (re-exported)
+from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
 from .forward import FastForward
-from .fused_sampling import fused_sample
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
 from .prefix import PrefixLayout, layout_of
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Running
 from .upload import upload, upload_padded
@@ -68,7 +67,7 @@ class Engine:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
-        self.sample = fused_sample if fused_sampler else sample
+        self.sample = sampler_for(self.device, fused_sampler)
         self.max_len = max_len
         self.recompute_kv = recompute_kv
         self.overlap = resolve_overlap(overlap, self.device)
