@@ -6,6 +6,12 @@ distribution (GSM8K-like lognormal by default, capped at --max-new-tokens) and f
 `Group.forced_lengths`; that tail is what async hides and sync waits for. Rewards are random 0/1
 (non-zero advantages, so the trainer does real work); there is no evaluation. Each mode gets a
 fresh model with the same seed (same weights) and the first --warmup-steps steps are not timed.
+
+Each mode's decode and loss (forward + backward) phases per timed step are also given as GFLOP/s
+and fractions of the matmul peak of the dtype they compute in (flops.py, peak.py): decode from the
+tokens the decode steps sampled in the timed window (all the generator sampled, less each started
+sequence's first token, sampled in prefill), the loss from the positions the trainer computed for
+the timed steps' batches (batching.computed_positions), in its autocast dtype, else fp32.
 """
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ Both produce exactly `--new-tokens` tokens per sequence: the engine through forc
 `lengths` (end-of-sequence ignored), `generate()` through `min_new_tokens = max_new_tokens` (which
 masks EOS until the end). The engine prefills each prompt once and shares its KV cache across the G
 samples; `generate()` gets `num_return_sequences=G`, which expands the prompts before prefill.
+
+Besides the bandwidth roofline (roofline.py), the engine's decode and prefill phases, timed by its
+own phase timer, as FLOP/s and fractions of the matmul peak of the model's dtype (engine_phases.py,
+flops.py; peak.py measures the CPU's).
 """
 from __future__ import annotations
 

@@ -11,14 +11,21 @@ With `--lora-rank R` it compares LoRA against full fine-tuning instead (train_lo
 trainer state memory and the weight sync's bytes per publish. With `--layouts` it compares the
 trainer's micro-batch layouts instead (train_layouts.py): padded, shared prompts, prefix tree.
 
+The model keeps fp32 master weights; `--dtype bfloat16` (or float16 on CUDA) runs the forward and
+backward under autocast by the trainer's own rule (trainer._autocasts), as a run with
+`model.train_dtype` set to it does: on the CPU too, in bf16 (fp16 on the CPU stays fp32).
+
 Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x tokens/s over the
 device's dense bf16 peak, looked up for H100/H200/A100 or given by --peak-tflops; on the CPU only
-with --peak-tflops), and the full weight sync's cost: MB and ms per publish, ms per adoption
-(sync_cost.py).
+with --peak-tflops); its achieved GFLOP/s and their fraction of the matmul peak of the dtype it
+computes in (flops.py, peak.py: measured on the CPU); and the full weight sync's cost: MB and ms
+per publish, ms per adoption (sync_cost.py).
 
-Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory is torch's peak allocation
-on CUDA; on the CPU it cannot be measured cleanly, so the bench reports the analytic size of the
-largest fp32 logits tensor each variant materialises (and says so). CUDA peaks exclude the weights.
+Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory on CUDA is torch's peak
+allocation, beyond the weights. On the CPU it is each variant's resident-set high-water mark over
+its timed rounds (rss.py, reset before each call): the whole process's, so it includes the fp32
+weights and all else resident; beside it, the analytic size of the largest fp32 logits tensor
+each variant materialises.
 """
 from __future__ import annotations
 
