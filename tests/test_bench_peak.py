@@ -40,8 +40,12 @@ def test_cpu_flags_are_read_from_the_first_processor(tmp_path):
 
 def test_peak_is_measured_in_fp32_and_bf16_where_the_cpu_has_bf16_units(monkeypatch):
     monkeypatch.setattr(peak, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
-    p = peak.measure_peaks(torch.device("cpu"), size=64)
-    assert p.source == "measured_gemm" and p.fp32_gflops > 0 and p.bf16_gflops > 0
+    probe = peak.PeakProbe.for_device(torch.device("cpu"), 64)
+    probes = [probe(), probe(), probe()]
+    assert all(set(p) == {"fp32", "bf16"} and min(p.values()) > 0 for p in probes)
+    p = probe.peaks(probes)
+    assert p.source == "measured_gemm" and p.fp32_probes == [q["fp32"] for q in probes]
+    assert p.fp32_gflops == sorted(p.fp32_probes)[1] and p.bf16_gflops == sorted(p.bf16_probes)[1]  # medians
     assert p.of(torch.float32) == p.fp32_gflops and p.of(torch.bfloat16) == p.bf16_gflops
     assert p.of(torch.float16) is None  # no CPU peak for fp16
     assert "bf16 on amx_bf16" in p.note and f"on {torch.get_num_threads()} threads" in p.note
@@ -50,32 +54,39 @@ def test_peak_is_measured_in_fp32_and_bf16_where_the_cpu_has_bf16_units(monkeypa
 def test_no_bf16_peak_without_the_flags(monkeypatch):
     for flags in ({"avx512f", "avx2"}, None):  # no bf16 units; not Linux
         monkeypatch.setattr(peak, "cpu_flags", lambda f=flags: f)
-        p = peak.measure_peaks(torch.device("cpu"), size=64)
+        probe = peak.PeakProbe.for_device(torch.device("cpu"), 64)
+        assert set(probe()) == {"fp32"}
+        p = probe.peaks([probe()])
         assert p.fp32_gflops > 0 and p.bf16_gflops is None
         assert "no bf16 peak" in p.note and p.fields()["peak_bf16_gflops"] is None
 
 
+def test_the_peak_is_the_median_over_the_probes_of_a_run():
+    p = peak.PeakProbe(64, "amx_bf16").peaks([{"fp32": 1.0, "bf16": 9.0}, {"fp32": 5.0, "bf16": 3.0},
+                                                {"fp32": 2.0, "bf16": 4.0}])
+    assert (p.fp32_gflops, p.bf16_gflops) == (2.0, 4.0)
+    assert p.fields()["peak_fp32_gflops_probes"] == [1.0, 5.0, 2.0] and "median over 3 probes" in p.note
+
+
 def test_peak_size_zero_measures_nothing_and_a_negative_one_is_an_error():
-    p = peak.measure_peaks(torch.device("cpu"), size=0)
+    assert peak.PeakProbe.for_device(torch.device("cpu"), 0) is None
+    p = peak.fixed_peaks(torch.device("cpu"), 0)
     assert (p.fp32_gflops, p.bf16_gflops, p.source) == (None, None, "none")
     with pytest.raises(UserError, match="--peak-size must be >= 0"):
-        peak.measure_peaks(torch.device("cpu"), size=-1)
+        peak.PeakProbe.for_device(torch.device("cpu"), -1)
 
 
 def test_cuda_keeps_the_data_sheet_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    p = peak.measure_peaks(torch.device("cuda", 0))
+    assert peak.PeakProbe.for_device(torch.device("cuda", 0), 2048) is None  # nothing measured on CUDA
+    p = peak.fixed_peaks(torch.device("cuda", 0), 2048)
     assert (p.fp32_gflops, p.bf16_gflops, p.source) == (None, 989e3, "datasheet")
 
 
 def test_gemm_flops_are_2_n_cubed_over_the_median_call(monkeypatch):
     ticks = iter([0.0, 1.0, 10.0, 12.0, 20.0, 24.0])  # three calls: 1 s, 2 s, 4 s -> median 2 s
     monkeypatch.setattr(peak.time, "perf_counter", lambda: next(ticks))
-    peak.gemm_gflops.cache_clear()
-    try:
-        assert peak.gemm_gflops(torch.float32, 8, threads=-1, calls=3) == pytest.approx(2 * 8**3 / 2 / 1e9)
-    finally:
-        peak.gemm_gflops.cache_clear()
+    assert peak.gemm_gflops(torch.float32, 8, calls=3) == pytest.approx(2 * 8**3 / 2 / 1e9)
 
 
 # -- the FLOP model ---------------------------------------------------------------------------------
@@ -114,6 +125,7 @@ def test_gen_reports_decode_and_prefill_fractions(capsys):
     r = run_bench(capsys, "gen", "--prompts", "3", "--samples", "2", "--prompt-len", "5", "--new-tokens", "6",
                   "--repeats", "1")
     assert r["peak_source"] == "measured_gemm" and r["peak_fp32_gflops"] > 0
+    assert r["peak_fp32_gflops_probes"] == [r["peak_fp32_gflops"]]  # one probe in the one timed round
     # 3 x 2 sequences of 6 tokens: the first of each sampled in prefill, 5 in decode steps.
     assert (r["decode_tokens"], r["prefill_tokens"]) == (3 * 2 * 5, 3 * 5)
     assert r["decode_flops"] == 2 * (TINY_BODY + TINY_HEAD) * 30
@@ -170,6 +182,7 @@ def test_e2e_reports_decode_and_loss_fractions_per_mode(capsys):
         assert r[f"{mode}_loss_gflops"] == pytest.approx(flops / r[f"{mode}_time_loss_s"] / 1e9)
         assert r[f"{mode}_loss_dtype"] == "float32"
         assert r[f"{mode}_loss_peak_frac"] == pytest.approx(r[f"{mode}_loss_gflops"] / r["peak_fp32_gflops"])
+    assert len(r["peak_fp32_gflops_probes"]) == 3  # before each mode and after the last
     decode = 2 * (TINY_BODY + TINY_HEAD) * r["sync_decode_tokens_per_step"]
     assert r["sync_decode_gflops"] == pytest.approx(decode / r["sync_time_gen_decode_s"] / 1e9)
     assert r["sync_decode_peak_frac"] == pytest.approx(r["sync_decode_gflops"] / r["peak_fp32_gflops"])

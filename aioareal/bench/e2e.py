@@ -27,7 +27,7 @@ from ..simulate.lengths import length_sampler
 from .flops import dtype_name, phase_fields
 from .harness import environment, model_label, pick_device, pick_dtype, ratio
 from .parts import ModeResult, run_mode
-from .peak import Peaks, add_peak_argument, fraction, measure_peaks, peak_line
+from .peak import PeakProbe, Peaks, add_peak_argument, fixed_peaks, fraction, peak_line
 
 MODES = ("sync", "one-step", "async")
 
@@ -88,9 +88,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"B={args.batch_groups} x G={args.group_size}, {args.prompt_len}-token prompts, {args.length_dist} "
           f"lengths mean {args.mean_len:.0f} cap {args.max_new_tokens}, {args.warmup_steps} warm-up + "
           f"{args.steps} timed steps per mode", flush=True)
-    peaks = measure_peaks(device, args.peak_size)  # before the modes: on the threads they run on
-    print(f"  matmul    peak {peak_line(peaks.fields())}", flush=True)
+    probe = PeakProbe.for_device(device, args.peak_size)
+    probes: list[dict[str, float]] = []  # the CPU's peak before each mode and after the last: the spells they saw
     results: dict[str, ModeResult] = {}
+    for mode in modes:
+        probes += [probe()] if probe else []
+        k = args.max_staleness if mode == "async" else DEFAULT_STALENESS[mode]
+        results[mode] = run_mode(args, mode, k, device, dtype, lengths)
+        report_mode(mode, k, results[mode])
+    probes += [probe()] if probe else []
+    peaks = probe.peaks(probes) if probe else fixed_peaks(device, args.peak_size)
     out: dict[str, Any] = {
         "bench": "e2e", **environment(device), "model": model_label(args.model),
         "dtype": str(dtype).replace("torch.", ""), "batch_groups": args.batch_groups, "group_size": args.group_size,
@@ -99,23 +106,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mean_len": args.mean_len, "max_staleness": args.max_staleness, "steps": args.steps,
         "warmup_steps": args.warmup_steps, "seed": args.seed, "micro_batch_tokens": args.micro_batch_tokens,
         **peaks.fields()}
-    for mode in modes:
-        k = args.max_staleness if mode == "async" else DEFAULT_STALENESS[mode]
-        results[mode] = r = run_mode(args, mode, k, device, dtype, lengths)
+    print(f"  matmul    peak {peak_line(out)}")
+    for mode, r in results.items():
         key = mode.replace("-", "_")
-        out.update({f"{key}_samples_s": r.samples_per_s, f"{key}_s_per_step": r.s_per_step,
-                    f"{key}_s_per_step_median": median(r.step_seconds), f"{key}_gen_idle": r.gen_idle,
-                    f"{key}_train_idle": r.train_idle, f"{key}_len_mean": fmean(r.lengths),
-                    f"{key}_staleness_max": r.staleness_max, f"{key}_interrupted": r.interrupted,
-                    **{f"{key}_time_{phase}_s": seconds for phase, seconds in sorted(r.phases.items())},
-                    **work_fields(key, r, dtype, peaks)})
-        report_mode(mode, k, r, {name.removeprefix(key + "_"): v for name, v in out.items()})
+        out.update({**mode_fields(key, r), **work_fields(key, r, dtype, peaks)})
+        report_work(mode, r, {name.removeprefix(key + "_"): v for name, v in out.items()})
     for mode in ("async", "one-step"):
         if mode in results and "sync" in results:
             key = mode.replace("-", "_")
             out[f"{key}_vs_sync"] = ratio(results[mode].samples_per_s, results["sync"].samples_per_s)
             print(f"  {mode}/sync  {out[f'{key}_vs_sync']:.2f}x samples/s")
     return out
+
+
+def mode_fields(key: str, r: ModeResult) -> dict[str, Any]:
+    return {f"{key}_samples_s": r.samples_per_s, f"{key}_s_per_step": r.s_per_step,
+            f"{key}_s_per_step_median": median(r.step_seconds), f"{key}_gen_idle": r.gen_idle,
+            f"{key}_train_idle": r.train_idle, f"{key}_len_mean": fmean(r.lengths),
+            f"{key}_staleness_max": r.staleness_max, f"{key}_interrupted": r.interrupted,
+            **{f"{key}_time_{phase}_s": seconds for phase, seconds in sorted(r.phases.items())}}
 
 
 def work_fields(key: str, r: ModeResult, dtype: torch.dtype, peaks: Peaks) -> dict[str, Any]:
@@ -131,14 +140,17 @@ def work_fields(key: str, r: ModeResult, dtype: torch.dtype, peaks: Peaks) -> di
     return out
 
 
-def report_mode(mode: str, k: int, r: ModeResult, fields: dict[str, Any]) -> None:
-    """`fields`: the mode's JSON fields with its prefix taken off (decode_gflops, loss_peak_frac, ...)."""
+def report_mode(mode: str, k: int, r: ModeResult) -> None:
     print(f"  {mode:<9} K={k}  {r.samples_per_s:8.1f} samples/s  {r.s_per_step:7.3f} s/step  "
           f"gen idle {100 * r.gen_idle:4.1f}%  train idle {100 * r.train_idle:4.1f}%  "
           f"len mean {fmean(r.lengths):.0f}  staleness max {r.staleness_max}  "
           f"interrupted {100 * r.interrupted:.0f}%", flush=True)
     busiest = sorted(r.phases.items(), key=lambda kv: -kv[1])[:6]
     print("             s/step in " + ", ".join(f"{phase} {seconds:.3f}" for phase, seconds in busiest), flush=True)
-    print(f"             decode {r.decode_tokens:.0f} tokens/step{fraction(fields, 'decode', fields['dtype'])}; "
+
+
+def report_work(mode: str, r: ModeResult, fields: dict[str, Any]) -> None:
+    """`fields`: the mode's JSON fields with its prefix taken off (decode_gflops, loss_peak_frac, ...)."""
+    print(f"  {mode:<9} decode {r.decode_tokens:.0f} tokens/step{fraction(fields, 'decode', fields['dtype'])}; "
           f"loss {r.loss_positions[0]:.0f} positions/step{fraction(fields, 'loss', fields['loss_dtype'])}",
           flush=True)

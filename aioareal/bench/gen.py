@@ -41,7 +41,7 @@ from .harness import (
     pick_dtype,
     ratio,
 )
-from .peak import add_peak_argument, fraction, measure_peaks, peak_line
+from .peak import PROBE, PeakProbe, add_peak_argument, fraction, peak_line, peaks_of
 from .roofline import Roofline, peak_gbps
 
 
@@ -146,12 +146,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
           f"{args.prompts} prompts x {args.samples} samples, {args.prompt_len}-token prompts, "
           f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
-    peaks = measure_peaks(device, args.peak_size)  # before the rounds: on the threads they run on
-    phases = PhaseRounds(engine)
+    phases, probe = PhaseRounds(engine), PeakProbe.for_device(device, args.peak_size)
     contenders = {"engine": phases.wrap(lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens)),
                   "generate": lambda: run_generate(model, prompts_dev, config)}
     contenders.update(twins(args, setting, engine, model, max_len, prompt_rows))
+    contenders.update({PROBE: probe} if probe else {})  # the CPU's peak, in the same rounds as the phases
     runs = alternate(contenders, args.repeats, device)
+    peaks = peaks_of(probe, runs, device, args.peak_size)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
     result.update(peaks.fields())
     result.update(phase_figures(model, phases, args.prompts, args.samples, args.prompt_len, result["engine_tokens"],

@@ -60,7 +60,7 @@ from .harness import (
     pick_dtype,
     ratio,
 )
-from .peak import add_peak_argument, measure_peaks
+from .peak import PROBE, PeakProbe, add_peak_argument, peaks_of
 from .roofline import peak_bf16_tflops
 from .rss import HighWaters
 from .train_figures import VARIANTS, add_cpu_memory, add_peak_fractions, add_utilisation, report
@@ -217,7 +217,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
           f"{args.samples} samples, {args.prompt_len}-token prompts, completions mean {args.mean_len:.0f} "
           f"cap {args.max_len}; {len(batches['packed'])} packed / {len(batches['padded'])} padded micro-batches",
           flush=True)
-    peaks = measure_peaks(device, args.peak_size)  # before the rounds: on the threads they run on
     chunked = chunked_loss(args.chunk)
     compile_s = first_pass_seconds(model, batches["packed"], chunked, autocast, device) if args.compile else None
     marks = HighWaters()
@@ -227,7 +226,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            for name, (mbs, loss) in passes.items()}
     if device.type != "cuda":  # CUDA's peaks come from its allocator (alternate)
         fns = {name: marks.wrap(name, fn) for name, fn in fns.items()}
+    probe = PeakProbe.for_device(device, args.peak_size)
+    fns.update({PROBE: probe} if probe else {})  # the CPU's matmul peak, in the same rounds as the passes
     runs = alternate(fns, args.repeats, device)
+    peaks = peaks_of(probe, runs, device, args.peak_size)
     result = summarise(args, device, autocast, compile_s, batches, runs, vocab)
     add_cpu_memory(result, marks, device)
     add_utilisation(result, model, args.peak_tflops or (peak_bf16_tflops(device) if autocast else None))
