@@ -167,7 +167,8 @@ def summarise(t: Timeline, args: argparse.Namespace, trainer: Trainer) -> ModeRe
     wall = t1 - t0
     times = [m[1] for m in t.marks[args.warmup_steps:]]
     samples = args.steps * args.batch_groups * args.group_size
-    computed, head = (sum(n) for n in zip((0, 0), *(trained_positions(trainer, groups) for groups in t.trained)))
+    per_step = [trained_positions(trainer, groups) for groups in t.trained]
+    computed, head = sum(c for c, _ in per_step), sum(h for _, h in per_step)
     return ModeResult(samples / wall, wall / args.steps, [b - a for a, b in zip(times, times[1:])],
                       max(0.0, 1 - (g1 - g0) / wall), max(0.0, 1 - (r1 - r0) / wall), t.lengths, t.staleness_max,
                       {name: seconds / args.steps for name, seconds in t.phases.items()},
@@ -178,9 +179,9 @@ def summarise(t: Timeline, args: argparse.Namespace, trainer: Trainer) -> ModeRe
 
 def trained_positions(trainer: Trainer, groups: list[Group]) -> tuple[int, int]:
     """(positions the trainer's forwards compute, positions its LM head runs on) in the step that
-    trains these groups: split into mini-batches of whole groups and planned by the token budget as `Trainer.pack` does,
-    laid out as it lays them (batching.computed_positions: shared prompts, prefix tree, padding
-    included), every PPO epoch; the head runs on completion positions only."""
+    trains these groups: mini-batches of whole groups, each planned by the token budget as
+    `Trainer.pack` does and laid out as it lays them (batching.computed_positions: shared prompts,
+    prefix tree, padding included), every PPO epoch; the head runs on completion positions only."""
     per = math.ceil(len(groups) / trainer.algo.minibatches) or 1
     parts = [[s for g in groups[i:i + per] for s in g.samples] for i in range(0, len(groups), per)]
     computed = sum(computed_positions(p, trainer.micro_batch_tokens, trainer.share_prompts, trainer.prefix_tree,
