@@ -28,7 +28,7 @@ def add_cpu_memory(result: dict[str, Any], marks: HighWaters, device: torch.devi
         result[f"{name}_rss_peak_gb"] = None if peak is None else peak / 1e9
     result["rss_peak_kind"] = "cpu_rss_high_water" if cpu and marks.why_not is None else None
     result["rss_peak_note"] = ("CUDA: see *_peak_mem_gb" if not cpu else marks.why_not or
-                               "the process's whole resident set, weights included (VmHWM, reset per variant)")
+                               "the process's whole resident set, weights included; VmHWM, reset before each call")
 
 
 def add_peak_fractions(result: dict[str, Any], fm: FlopModel, work: dict[str, tuple[int, int]], peaks: Peaks,
