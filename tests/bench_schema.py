@@ -63,6 +63,18 @@ def check(line: dict[str, Any], *schemas: dict[str, Field]) -> None:
 ENVIRONMENT = {"device": TEXT, "device_name": TEXT, "torch": TEXT, "transformers": TEXT, "threads": SIZE}
 DTYPE = exactly("float32", "bfloat16", "float16")
 
+# The machine's own matmul peak (bench/peak.py), measured in every round of gen, train and e2e.
+PROBES = Field("a list of numbers > 0", lambda v: isinstance(v, list) and all(_number(x) and x > 0 for x in v))
+PEAK = {"peak_fp32_gflops": nullable(POSITIVE), "peak_bf16_gflops": nullable(POSITIVE),
+        "peak_source": exactly("measured_gemm", "datasheet", "none"), "peak_note": TEXT,
+        "peak_fp32_gflops_probes": PROBES, "peak_bf16_gflops_probes": PROBES}
+
+
+def phase_figures(phase: str) -> dict[str, Field]:
+    """A phase's FLOP count and achieved rate against the peak (bench/flops.py)."""
+    return {f"{phase}_flops": SIZE, f"{phase}_gflops": POSITIVE, f"{phase}_peak_frac": nullable(POSITIVE)}
+
+
 GEN = {
     "bench": exactly("gen"), **ENVIRONMENT, "model": TEXT, "dtype": DTYPE, "prompts": SIZE, "samples": SIZE,
     "prompt_len": SIZE, "new_tokens": SIZE, "slots": SIZE, "cuda_graphs": FLAG, "compile": FLAG, "repeats": SIZE,
@@ -73,6 +85,9 @@ GEN = {
     "engine_roofline_frac": nullable(POSITIVE), "generate_roofline_frac": nullable(POSITIVE),
     "engine_ceiling_tok_s": nullable(POSITIVE), "engine_peak_mem_gb": nullable(POSITIVE),
     "generate_peak_mem_gb": nullable(POSITIVE), "fused": FLAG, "overlap": FLAG, "shared_prefix": FLAG,
+    **PEAK, **{f"{phase}_{k}": kind for phase in ("decode", "prefill")
+               for k, kind in (("tokens", SIZE), ("s", POSITIVE))},
+    **phase_figures("decode"), **phase_figures("prefill"),
 }
 GEN_COMPARE_FUSION = {"unfused_s_rounds": list_of(POSITIVE), "unfused_tok_s": POSITIVE, "fused_vs_unfused": POSITIVE}
 GEN_COMPARE_OVERLAP = {"overlap_on_tok_s": POSITIVE, "overlap_off_tok_s": POSITIVE, "overlap_vs_plain": POSITIVE}
@@ -91,6 +106,9 @@ TRAIN = {
     "non_embedding_params": SIZE, "peak_tflops": nullable(POSITIVE),
     **{f"{v}_mfu": nullable(POSITIVE) for v in TRAIN_VARIANTS},
     "publish_mb": POSITIVE, "publish_ms": POSITIVE, "adopt_ms": POSITIVE,
+    **PEAK, "compute_dtype": DTYPE, "rss_peak_kind": nullable(exactly("cpu_rss_high_water")), "rss_peak_note": TEXT,
+    **{f"{v}_s": POSITIVE for v in TRAIN_VARIANTS}, **{f"{v}_rss_peak_gb": nullable(POSITIVE) for v in TRAIN_VARIANTS},
+    **{k: f for v in TRAIN_VARIANTS for k, f in phase_figures(v).items()},
 }
 TRAIN_LAYOUTS = {
     "bench": exactly("train_layouts"), **ENVIRONMENT, "model": TEXT, "groups": SIZE, "group_size": SIZE,
@@ -122,7 +140,7 @@ E2E = {
     "bench": exactly("e2e"), **ENVIRONMENT, "model": TEXT, "dtype": DTYPE, "batch_groups": SIZE, "group_size": SIZE,
     "slots": SIZE, "prompt_len": SIZE, "max_new_tokens": SIZE, "length_dist": exactly("gsm8k", "uniform", "fixed"),
     "mean_len": POSITIVE, "max_staleness": COUNT, "steps": SIZE, "warmup_steps": COUNT, "seed": COUNT,
-    "micro_batch_tokens": SIZE,
+    "micro_batch_tokens": SIZE, **PEAK,
 }
 TRAIN_PHASES = ("advantages", "pack", "fixed_logprobs", "loss", "optimizer", "publish")
 GEN_PHASES = ("admit", "prefill", "decode", "sync", "bookkeep", "score")
@@ -134,7 +152,12 @@ def e2e_mode(mode: str) -> dict[str, Field]:
     keys = {"samples_s": POSITIVE, "s_per_step": POSITIVE, "s_per_step_median": POSITIVE, "gen_idle": FRACTION,
             "train_idle": FRACTION, "len_mean": POSITIVE, "staleness_max": COUNT, "interrupted": FRACTION,
             **{f"time_{p}_s": POSITIVE for p in TRAIN_PHASES}, **{f"time_gen_{p}_s": AT_LEAST_ZERO for p in GEN_PHASES},
-            **{f"time_gen_{p}_s": optional(AT_LEAST_ZERO) for p in GEN_PHASES_ON_NEW_WEIGHTS}}
+            **{f"time_gen_{p}_s": optional(AT_LEAST_ZERO) for p in GEN_PHASES_ON_NEW_WEIGHTS},
+            # FLOPs against the peak: async may decode every timed batch during the warm-up (none timed).
+            "decode_tokens_per_step": AT_LEAST_ZERO, "decode_gflops": nullable(AT_LEAST_ZERO),
+            "decode_peak_frac": nullable(AT_LEAST_ZERO), "loss_positions_per_step": POSITIVE,
+            "loss_head_positions_per_step": POSITIVE, "loss_dtype": DTYPE, "loss_gflops": POSITIVE,
+            "loss_peak_frac": nullable(POSITIVE)}
     out = {f"{mode}_{k}": kind for k, kind in keys.items()}
     if mode != "sync":
         out[f"{mode}_vs_sync"] = POSITIVE

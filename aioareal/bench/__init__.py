@@ -1,13 +1,19 @@
 """`python -m aioareal bench {gen,train,head,e2e,reward,profile}`: throughput against the obvious baseline, measured in
 the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
 
-  gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA)
-  train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory);
-         with --lora-rank R, LoRA vs full fine-tuning (tokens/s, trainer memory, bytes per publish)
+  gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA; the
+         engine's decode and prefill as fractions of the matmul peak)
+  train  chunked vs naive log-probs, packed vs padded micro-batches (train tokens/s, peak memory,
+         fraction of the matmul peak); with --lora-rank R, LoRA vs full fine-tuning (tokens/s,
+         trainer memory, bytes per publish)
   head   fused LM head + log-softmax vs checkpointing per chunk (forward + backward s/call, peak memory)
-  e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions)
+  e2e    sync vs one-step vs async on the real engine and trainer (samples/s, s/step, idle fractions;
+         decode and loss as fractions of the matmul peak)
   reward the GSM8K reward: completions/s in one process, over the worker pool, through the service
   profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
+
+The matmul peak is measured on the CPU in the same run (peak.py) and looked up on CUDA; the FLOPs
+a phase does are counted by flops.py.
 
 Each bench lives in its own module with `add_arguments(parser)` and `run(args) -> dict`; submodules
 are imported only when their bench runs. tests/bench_schema.py lists every key of each bench's JSON

@@ -6,6 +6,10 @@ Both produce exactly `--new-tokens` tokens per sequence: the engine through forc
 `lengths` (end-of-sequence ignored), `generate()` through `min_new_tokens = max_new_tokens` (which
 masks EOS until the end). The engine prefills each prompt once and shares its KV cache across the G
 samples; `generate()` gets `num_return_sequences=G`, which expands the prompts before prefill.
+
+Besides the bandwidth roofline (roofline.py), the engine's decode and prefill phases, timed by its
+own phase timer, as FLOP/s and fractions of the matmul peak of the model's dtype (engine_phases.py,
+flops.py; peak.py measures the CPU's).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from ..errors import UserError
 from ..generation import Engine
 from ..run.build import build_engine, context_length
 from ..samples import Group
+from .engine_phases import PhaseRounds, phase_figures
 from .harness import (
     alternate,
     build_model,
@@ -36,6 +41,7 @@ from .harness import (
     pick_dtype,
     ratio,
 )
+from .peak import PROBE, PeakProbe, add_peak_argument, fraction, peak_line, peaks_of
 from .roofline import Roofline, peak_gbps
 
 
@@ -67,6 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(shared_vs_plain; pass --no-cuda-graphs so both decode eagerly)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
+    add_peak_argument(p)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -132,17 +139,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  shared_prefix=args.shared_prefix),
                      run=RunConfig(seed=args.seed))
     max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
-    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=args.fuse)
+    # Timed, as in a run: its decode and prefill seconds per round (engine_phases.py).
+    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=True, fuse=args.fuse)
     config = generate_config(model, args.samples, args.new_tokens)
     prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
           f"{args.prompts} prompts x {args.samples} samples, {args.prompt_len}-token prompts, "
           f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
-    contenders = {"engine": lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens),
+    phases, probe = PhaseRounds(engine), PeakProbe.for_device(device, args.peak_size)
+    contenders = {"engine": phases.wrap(lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens)),
                   "generate": lambda: run_generate(model, prompts_dev, config)}
     contenders.update(twins(args, setting, engine, model, max_len, prompt_rows))
+    contenders.update({PROBE: probe} if probe else {})  # the CPU's peak, in the same rounds as the phases
     runs = alternate(contenders, args.repeats, device)
+    peaks = peaks_of(probe, runs, device, args.peak_size)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
+    result.update(peaks.fields())
+    result.update(phase_figures(model, phases, args.prompts, args.samples, args.prompt_len, result["engine_tokens"],
+                                dtype, peaks))
     result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
     result["overlap"] = engine.overlap
     if args.compare_overlap:
@@ -249,4 +263,9 @@ def report(r: dict[str, Any]) -> None:
                  f"{r['peak_gbps']:.0f} GB/s roofline (engine ceiling {r['engine_ceiling_tok_s']:.0f} tok/s)")
     elif r["device"].startswith("cuda"):
         line += f"; pass --peak-gbps for the roofline fraction ({r['device_name']} is not in the table)"
-    print(line, flush=True)
+    print(line)
+    for phase in ("decode", "prefill"):
+        if r[f"{phase}_s"] is not None:
+            print(f"  {phase:<9} {r[phase + '_s']:>10.3f} s/round, {r[phase + '_tokens']} tokens"
+                  f"{fraction(r, phase, r['dtype'])}")
+    print(f"  matmul    peak {peak_line(r)}", flush=True)

@@ -5,20 +5,20 @@ a random (vocab, hidden) head: seconds per call and peak memory.
 
 Peak memory on CUDA is torch's peak allocation above what was allocated before the call. On the
 CPU torch's allocations are not counted, so each path runs in its own child process and the peak
-is its resident set's high-water mark (ru_maxrss) above its resident set just before the first
+is its resident set's high-water mark (ru_maxrss, rss.py) above its resident set just before the first
 call: the inputs and the weight are not in it, everything the path allocates is.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import resource
 from statistics import median
 from typing import Any
 
 import torch
 
 from .harness import alternate, environment, max_peak, median_seconds, pick_device, pick_dtype, ratio
+from .rss import lifetime_high_water_bytes, rss_bytes
 
 PATHS = ("checkpoint", "fused")
 
@@ -84,19 +84,14 @@ def _on_cpu(path: str, shape, dtype, repeats: int, seed: int, threads: int) -> t
     if threads > 0:
         torch.set_num_threads(threads)
     step = _setup(shape, dtype, torch.device("cpu"), seed)
-    before = _rss_bytes()
+    before = rss_bytes()
     seconds = []
     for _ in range(repeats + 1):  # the first call warms up
         start = time.perf_counter()
         step(path)
         seconds.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # Linux: KiB
+    peak = lifetime_high_water_bytes() - before
     return median(seconds[1:]), peak
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def _mb(n: int | None) -> float | None:

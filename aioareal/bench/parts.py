@@ -4,6 +4,7 @@ evaluation, and forced completion lengths."""
 from __future__ import annotations
 
 import argparse
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from ..run.build import Models, build_engine, build_trainer, build_workers, cont
 from ..run.events import run_event_loop
 from ..samples import Group
 from ..tasks.base import Example
+from ..trainer import Trainer
+from ..trainer.batching import computed_positions
+from .flops import FlopModel
 from .gen import eos_ids
 from .harness import build_model
 
@@ -32,10 +36,21 @@ class ForcedLengths:
 
     def __init__(self, worker: EngineWorker, draw: Callable[[random.Random], int], seed: int) -> None:
         self.worker, self.draw, self.rng = worker, draw, random.Random(seed)
+        self.finished = 0  # samples of the groups the engine has returned
 
     def submit(self, group: Group) -> None:
         group.forced_lengths = [self.draw(self.rng) for _ in range(group.size)]
         self.worker.submit(group)
+
+    async def step(self, adopt: bool) -> list[Group]:
+        groups = await self.worker.step(adopt)
+        self.finished += sum(g.size for g in groups)
+        return groups
+
+    @property
+    def started(self) -> int:
+        """Sequences prefilled so far (finished, or in a slot now): each sampled its first token there."""
+        return self.finished + self.worker.in_flight
 
     def __getattr__(self, name: str) -> Any:  # version, tokens_generated, free_slots, busy, in_flight, step
         return getattr(self.worker, name)
@@ -54,13 +69,18 @@ class Timeline:
     # Seconds per named phase over the timed steps (the rows' `time_*`: the trainer's loss,
     # optimizer...; the generator's decode, prefill, recompute_kv, score): where a mode's time went.
     phases: dict[str, float] = field(default_factory=dict)
+    # (tokens sampled, sequences started) by the generator at each mark; the timed steps' groups.
+    counts: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+    trained: list[list[Group]] = field(default_factory=list)
 
     async def on_step(self, report: StepReport) -> None:
         if not report.groups:  # the step-0 evaluation
             return
-        busy = self.orchestrator.busy
+        busy, gen = self.orchestrator.busy, self.orchestrator.gen
         self.marks.append((report.step, report.row["time"], busy["gen"], busy["train"]))
+        self.counts.append((gen.tokens_generated, gen.started))
         if report.step > self.warmup:
+            self.trained.append(report.groups)  # their positions are counted after the run (host work)
             self.lengths += [len(s.tokens) for g in report.groups for s in g.samples]
             self.staleness_max = max(self.staleness_max, report.row["staleness_max"])
             self.interrupted += sum(s["version_min"] < s["version_max"] for s in report.samples)
@@ -83,6 +103,10 @@ class ModeResult:
     staleness_max: int
     phases: dict[str, float]  # seconds per timed step in each phase (Timeline.phases)
     interrupted: float  # fraction of timed samples generated under more than one version
+    decode_tokens: float  # per timed step: tokens sampled by decode steps (not the first, sampled in prefill)
+    loss_positions: tuple[float, float]  # per timed step: (positions trained, positions the LM head runs on)
+    loss_dtype: torch.dtype  # what the trainer's matmuls compute in (its autocast dtype, else fp32)
+    flops: FlopModel  # the model's FLOP counts (flops.py)
 
 
 def e2e_config(args: argparse.Namespace, mode: str, k: int, steps: int) -> Config:
@@ -134,15 +158,33 @@ def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, 
     finally:
         gen.worker.close()
         train.close()
-    return summarise(timeline, args)
+    return summarise(timeline, args, train.trainer)
 
 
-def summarise(t: Timeline, args: argparse.Namespace) -> ModeResult:
+def summarise(t: Timeline, args: argparse.Namespace, trainer: Trainer) -> ModeResult:
     (_, t0, g0, r0), (_, t1, g1, r1) = t.marks[args.warmup_steps], t.marks[-1]
+    (tokens0, started0), (tokens1, started1) = t.counts[args.warmup_steps], t.counts[-1]
     wall = t1 - t0
     times = [m[1] for m in t.marks[args.warmup_steps:]]
     samples = args.steps * args.batch_groups * args.group_size
+    per_step = [trained_positions(trainer, groups) for groups in t.trained]
+    computed, head = sum(c for c, _ in per_step), sum(h for _, h in per_step)
     return ModeResult(samples / wall, wall / args.steps, [b - a for a, b in zip(times, times[1:])],
                       max(0.0, 1 - (g1 - g0) / wall), max(0.0, 1 - (r1 - r0) / wall), t.lengths, t.staleness_max,
                       {name: seconds / args.steps for name, seconds in t.phases.items()},
-                      t.interrupted / samples)
+                      t.interrupted / samples, (tokens1 - tokens0 - (started1 - started0)) / args.steps,
+                      (computed / args.steps, head / args.steps), trainer.autocast_dtype or torch.float32,
+                      FlopModel.of(trainer.model))
+
+
+def trained_positions(trainer: Trainer, groups: list[Group]) -> tuple[int, int]:
+    """(positions the trainer's forwards compute, positions its LM head runs on) in the step that
+    trains these groups: mini-batches of whole groups, each planned by the token budget as
+    `Trainer.pack` does and laid out as it lays them (batching.computed_positions: shared prompts,
+    prefix tree, padding included), every PPO epoch; the head runs on completion positions only."""
+    per = math.ceil(len(groups) / trainer.algo.minibatches) or 1
+    parts = [[s for g in groups[i:i + per] for s in g.samples] for i in range(0, len(groups), per)]
+    computed = sum(computed_positions(p, trainer.micro_batch_tokens, trainer.share_prompts, trainer.prefix_tree,
+                                      trainer.varlen) for p in parts)
+    head = sum(len(s.tokens) for g in groups for s in g.samples)
+    return trainer.algo.ppo_epochs * computed, trainer.algo.ppo_epochs * head

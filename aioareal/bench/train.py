@@ -11,14 +11,21 @@ With `--lora-rank R` it compares LoRA against full fine-tuning instead (train_lo
 trainer state memory and the weight sync's bytes per publish. With `--layouts` it compares the
 trainer's micro-batch layouts instead (train_layouts.py): padded, shared prompts, prefix tree.
 
+The model keeps fp32 master weights; `--dtype bfloat16` (or float16 on CUDA) runs the forward and
+backward under autocast by the trainer's own rule (trainer._autocasts), as a run with
+`model.train_dtype` set to it does: on the CPU too, in bf16 (fp16 on the CPU stays fp32).
+
 Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x tokens/s over the
 device's dense bf16 peak, looked up for H100/H200/A100 or given by --peak-tflops; on the CPU only
-with --peak-tflops), and the full weight sync's cost: MB and ms per publish, ms per adoption
-(sync_cost.py).
+with --peak-tflops); its achieved GFLOP/s and their fraction of the matmul peak of the dtype it
+computes in (flops.py, peak.py: measured on the CPU); and the full weight sync's cost: MB and ms
+per publish, ms per adoption (sync_cost.py).
 
-Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory is torch's peak allocation
-on CUDA; on the CPU it cannot be measured cleanly, so the bench reports the analytic size of the
-largest fp32 logits tensor each variant materialises (and says so). CUDA peaks exclude the weights.
+Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory on CUDA is torch's peak
+allocation, beyond the weights. On the CPU it is each variant's resident-set high-water mark over
+its timed rounds (rss.py, reset before each call): the whole process's, so it includes the fp32
+weights and all else resident; beside it, the analytic size of the largest fp32 logits tensor
+each variant materialises.
 """
 from __future__ import annotations
 
@@ -38,8 +45,11 @@ from ..simulate.modelled import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
+from ..trainer.trainer import _autocasts
 from . import sync_cost
+from .flops import FlopModel
 from .harness import (
+    Measurement,
     alternate,
     build_model,
     environment,
@@ -50,13 +60,14 @@ from .harness import (
     pick_dtype,
     ratio,
 )
-from .roofline import mfu, non_embedding_params, peak_bf16_tflops
+from .peak import PROBE, PeakProbe, add_peak_argument, peaks_of
+from .roofline import peak_bf16_tflops
+from .rss import HighWaters
+from .train_figures import VARIANTS, add_cpu_memory, add_peak_fractions, add_utilisation, report
 from .train_layouts import run_layouts
 from .train_lora import run_lora
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
-VARIANTS = {"packed_chunked": "packed + chunked", "packed_naive": "packed + naive",
-            "padded_chunked": "padded + chunked"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,6 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
                         "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
+    add_peak_argument(p)
 
 
 def synthetic_samples(n: int, prompt_len: int, mean: float, cap: int, vocab: int, seed: int) -> list[Sample]:
@@ -118,7 +130,8 @@ def naive_loss(model: PreTrainedModel, mb: MicroBatch) -> torch.Tensor:
 def train_pass(model: PreTrainedModel, mbs: list[MicroBatch], loss_fn: LossFn, autocast: torch.dtype | None) -> int:
     """Forward + backward over every micro-batch (token-mean loss); returns real tokens processed."""
     tokens = sum(mb.completion_tokens for mb in mbs)
-    ctx = torch.autocast("cuda", dtype=autocast) if autocast else contextlib.nullcontext()
+    device = next(model.parameters()).device.type
+    ctx = torch.autocast(device, dtype=autocast) if autocast else contextlib.nullcontext()
     for mb in mbs:
         with ctx:
             loss = loss_fn(model, mb) / tokens
@@ -191,22 +204,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed))
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    autocast = dtype if device.type == "cuda" and dtype != torch.float32 else None
+    # The trainer's own rule (model.train_dtype): bf16 autocast on the CPU too, fp16 on CUDA only.
+    autocast = dtype if _autocasts(device, dtype) else None
     model = build_model(args.model, torch.float32, device, args.seed).train()  # fp32 master weights
     vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
     samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)
-    packed = pack(samples, args.budget, pad, device)
-    padded = [collate(group, pad, device) for group in padded_groups(samples, args.budget, args.padded_rows)]
+    batches = {"packed": pack(samples, args.budget, pad, device),
+               "padded": [collate(group, pad, device) for group in padded_groups(samples, args.budget,
+                                                                                 args.padded_rows)]}
     print(f"bench train: {model_label(args.model)} on {device} (fp32 master, "
           f"{'autocast ' + str(autocast).replace('torch.', '') if autocast else 'no autocast'}), "
           f"{args.samples} samples, {args.prompt_len}-token prompts, completions mean {args.mean_len:.0f} "
-          f"cap {args.max_len}; {len(packed)} packed / {len(padded)} padded micro-batches", flush=True)
+          f"cap {args.max_len}; {len(batches['packed'])} packed / {len(batches['padded'])} padded micro-batches",
+          flush=True)
     chunked = chunked_loss(args.chunk)
-    compile_s = first_pass_seconds(model, packed, chunked, autocast, device) if args.compile else None
-    runs = alternate({"packed_chunked": lambda: train_pass(model, packed, chunked, autocast),
-                      "packed_naive": lambda: train_pass(model, packed, naive_loss, autocast),
-                      "padded_chunked": lambda: train_pass(model, padded, chunked, autocast)},
-                     args.repeats, device)
+    compile_s = first_pass_seconds(model, batches["packed"], chunked, autocast, device) if args.compile else None
+    marks = HighWaters()
+    passes = {name: (batches[name.split("_")[0]], chunked if name.endswith("chunked") else naive_loss)
+              for name in VARIANTS}
+    fns = {name: (lambda mbs=mbs, loss=loss: train_pass(model, mbs, loss, autocast))
+           for name, (mbs, loss) in passes.items()}
+    if device.type != "cuda":  # CUDA's peaks come from its allocator (alternate)
+        fns = {name: marks.wrap(name, fn) for name, fn in fns.items()}
+    probe = PeakProbe.for_device(device, args.peak_size)
+    fns.update({PROBE: probe} if probe else {})  # the CPU's matmul peak, in the same rounds as the passes
+    runs = alternate(fns, args.repeats, device)
+    peaks = peaks_of(probe, runs, device, args.peak_size)
+    result = summarise(args, device, autocast, compile_s, batches, runs, vocab)
+    add_cpu_memory(result, marks, device)
+    add_utilisation(result, model, args.peak_tflops or (peak_bf16_tflops(device) if autocast else None))
+    work = {name: positions(mbs, loss) for name, (mbs, loss) in passes.items()}
+    add_peak_fractions(result, FlopModel.of(model), work, peaks, autocast or torch.float32)
+    result.update(sync_cost.measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
+    report(result)
+    return result
+
+
+def summarise(args: argparse.Namespace, device: torch.device, autocast: torch.dtype | None, compile_s: float | None,
+              batches: dict[str, list[MicroBatch]], runs: dict[str, list[Measurement]], vocab: int) -> dict[str, Any]:
+    packed, padded = batches["packed"], batches["padded"]
     result = {"bench": "train", **environment(device), "model": model_label(args.model),
               "autocast": str(autocast).replace("torch.", "") if autocast else None, "samples": args.samples,
               "prompt_len": args.prompt_len, "mean_len": args.mean_len, "max_len": args.max_len,
@@ -215,40 +251,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               "packed_micro_batches": len(packed), "padded_micro_batches": len(padded),
               "packed_padding_frac": padding_frac(packed), "padded_padding_frac": padding_frac(padded)}
     for name, ms in runs.items():
-        result[f"{name}_tok_s"] = ms[-1].result / median_seconds(ms)
+        result[f"{name}_s"] = median_seconds(ms)  # one pass: forward + backward of every micro-batch
+        result[f"{name}_tok_s"] = ms[-1].result / result[f"{name}_s"]
         result[f"{name}_peak_mem_gb"] = None if max_peak(ms) is None else max_peak(ms) / 1e9
     result["peak_mem_kind"] = "cuda_max_memory_allocated" if device.type == "cuda" else "analytic_logits_bytes"
     result["chunked_logits_gb"] = logits_bytes(packed, vocab, args.chunk) / 1e9
     result["naive_logits_gb"] = logits_bytes(packed, vocab, None) / 1e9
     result["chunked_vs_naive_tok_s"] = ratio(result["packed_chunked_tok_s"], result["packed_naive_tok_s"])
     result["packed_vs_padded_tok_s"] = ratio(result["packed_chunked_tok_s"], result["padded_chunked_tok_s"])
-    add_utilisation(result, model, args.peak_tflops or (peak_bf16_tflops(device) if autocast else None))
-    result.update(sync_cost.measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
-    report(result)
     return result
 
 
-def add_utilisation(result: dict[str, Any], model: PreTrainedModel, peak_tflops: float | None) -> None:
-    """MFU of each variant (roofline.py), when a peak is known: looked up only for bf16/fp16 autocast,
-    as the table holds tensor-core half-precision peaks."""
-    params = non_embedding_params(model)
-    result["non_embedding_params"], result["peak_tflops"] = params, peak_tflops
-    for name in VARIANTS:
-        result[f"{name}_mfu"] = mfu(params, result[f"{name}_tok_s"], peak_tflops) if peak_tflops else None
-
-
-def report(r: dict[str, Any]) -> None:
-    cuda = r["peak_mem_kind"] == "cuda_max_memory_allocated"
-    for name, label in VARIANTS.items():
-        mem = f", peak {r[name + '_peak_mem_gb']:.2f} GB beyond the weights" if cuda else ""
-        util = f", MFU {100 * r[name + '_mfu']:.1f}% of {r['peak_tflops']:g} TFLOPS" if r["peak_tflops"] else ""
-        print(f"  {label:<17} {r[name + '_tok_s']:>10.0f} tok/s{util}{mem}")
-    print(f"  chunked / naive   {r['chunked_vs_naive_tok_s']:.2f}x tok/s; largest fp32 logits tensor "
-          f"{1000 * r['chunked_logits_gb']:.1f} MB vs {1000 * r['naive_logits_gb']:.1f} MB"
-          + ("" if cuda else " (analytic: CPU peak memory is not measurable cleanly)"))
-    print(f"  packed / padded   {r['packed_vs_padded_tok_s']:.2f}x tok/s; padding "
-          f"{100 * r['packed_padding_frac']:.1f}% ({r['packed_micro_batches']} micro-batches) vs "
-          f"{100 * r['padded_padding_frac']:.1f}% ({r['padded_micro_batches']})")
-    print(f"  weight sync       {sync_cost.line(r)}", flush=True)
-    if r.get("compile_s") is not None:
-        print(f"  compile           {r['compile_s']:.1f} s: the first pass, layers compiled (not in the tok/s above)")
+def positions(mbs: list[MicroBatch], loss: LossFn) -> tuple[int, int]:
+    """(positions the forward computes, padding included; positions the LM head runs on): the
+    completion positions with chunked log-probs, every position with the naive baseline's full logits."""
+    computed = sum(mb.input_ids.numel() for mb in mbs)
+    return computed, computed if loss is naive_loss else sum(mb.completion_tokens for mb in mbs)

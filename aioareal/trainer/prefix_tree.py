@@ -199,7 +199,7 @@ def tree_to(tree: PrefixTree, device: torch.device) -> PrefixTree:
 
 def tree_hidden(model: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
     """Hidden states of the nodes that predict each distinct pair: (u, H)."""
-    hidden = model.model(input_ids=tree.input_ids, attention_mask=tree.attention_masks(),
+    hidden = model.model(input_ids=tree.input_ids, attention_mask=tree.mask,
                          position_ids=tree.position_ids, use_cache=False).last_hidden_state  # (r, T, H)
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, tree.pair_node)
 
