@@ -71,7 +71,7 @@ class Engine:
         self.max_len = max_len
         self.recompute_kv = recompute_kv
         self.overlap = resolve_overlap(overlap, self.device)
-        self.fwd = FastForward(model, max_len, fuse=fuse)
+        self.fwd = FastForward(model, max_len, fuse=fuse, compiled=compile)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
@@ -146,8 +146,14 @@ class Engine:
         if ready is not None and self.stream is not None:
             self.stream.wait_event(ready)
         self.version = version
+        self.fwd.linear.drop()  # weights packed for the CPU (packed.py) are the old version's
         if self.running:
             self.stale_cache = self.recompute_kv
+
+    def idle(self) -> None:
+        """Nothing left to decode: let go of what only decoding needs (the packed weights, packed.py;
+        made again at the next step, as after every new version)."""
+        self.fwd.linear.drop()
 
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from .fusion import FusedLinear, fuse
+from .packed import PackedLinears, packing_pays
 from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -41,7 +42,7 @@ class KVCache:
 class FastForward:
     """Prefill and decode over a static KV cache, reusing the HF model's parameters in place."""
 
-    def __init__(self, model: PreTrainedModel, max_len: int, fuse: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, max_len: int, fuse: bool = True, compiled: bool = False) -> None:
         self.model = model
         base = model.model
         self.layers = list(base.layers)
@@ -62,6 +63,8 @@ class FastForward:
         self.sin = (emb.sin() * scale).to(dtype)
         self.max_len = max_len
         self._fuse_projections(fuse)
+        # Weights packed once per version for the CPU's matmul units (packed.py); F.linear elsewhere.
+        self.linear = PackedLinears(packing_pays(model.get_input_embeddings().weight, compiled))
 
     def _fuse_projections(self, enabled: bool) -> None:
         """Per layer, the fused (q|k|v) and (gate|up) projections, or None where a layer's modules
@@ -123,7 +126,7 @@ class FastForward:
         attn = layer.self_attn
         n, t, _ = h.shape
         fused = self.qkv[i]
-        q, k, v = fused(h) if fused is not None else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h))
+        q, k, v = self._projections(fused, h, (attn.q_proj, attn.k_proj, attn.v_proj))
         # Column slices of the fused output: `view` only splits the last dim, so it needs no copy.
         q = q.view(n, t, self.heads, self.head_dim)
         k = k.view(n, t, self.kv_heads, self.head_dim)
@@ -148,11 +151,18 @@ class FastForward:
     def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
         fused = self.gate_up[i]
-        gate, up = fused(h) if fused is not None else (mlp.gate_proj(h), mlp.up_proj(h))
-        return mlp.down_proj(F.silu(gate) * up)
+        gate, up = self._projections(fused, h, (mlp.gate_proj, mlp.up_proj))
+        return self.linear.module(mlp.down_proj, F.silu(gate) * up)
+
+    def _projections(self, fused: FusedLinear | None, h: torch.Tensor,
+                     linears: tuple[torch.nn.Module, ...]) -> tuple[torch.Tensor, ...]:
+        """The outputs of `linears` over the same input: one fused matmul, or one each."""
+        if fused is None:
+            return tuple(self.linear.module(m, h) for m in linears)
+        return self.linear(h, fused.weight, fused.bias).split(fused.sizes, dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(self._norm(self.model.model.norm, hidden))
+        return self.linear.module(self.model.lm_head, self._norm(self.model.model.norm, hidden))
 
     # -- passes ----------------------------------------------------------------------------------
     def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
@@ -174,7 +184,7 @@ class FastForward:
             q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
             cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
-            h = h + layer.self_attn.o_proj(self._attend(q, k, v, mask))
+            h = h + self.linear.module(layer.self_attn.o_proj, self._attend(q, k, v, mask))
             h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         last = (lengths - 1).clamp(min=0)
         return h[torch.arange(n, device=h.device), last]
@@ -205,6 +215,6 @@ class FastForward:
                 attn = self._attend(q, cache.k[i][:n, :span], cache.v[i][:n, :span], mask)
             else:
                 attn = self._attend(q, cache.k[i][slots, :span], cache.v[i][slots, :span], mask)
-            h = h + layer.self_attn.o_proj(attn)
+            h = h + self.linear.module(layer.self_attn.o_proj, attn)
             h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         return h[:, 0]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from ..devices import release_freed_memory
 from ..samples import Group
 from ..timing import merge
 from ..trainer import train_step
@@ -96,6 +97,9 @@ class EngineWorker:
                 version, ready = self.sync.apply(self.engine.stream)
                 self.engine.adopt(version, ready)
         results = self.engine.step()
+        if not self.engine.busy:  # a batch done (sync, one-step): what only decoding needs goes
+            self.engine.idle()
+            release_freed_memory(self.engine.device)
         # After the step's host sync: the timings are ready, but for an overlapped engine's step
         # still in flight, which a later take() reads.
         return results, timer.take()
@@ -116,12 +120,22 @@ class TrainerWorker:
         self.version = trainer.version  # published version: what admission and staleness count
 
     async def train(self, groups: list[Group]) -> dict[str, float]:
-        metrics = await _on(self.pool, train_step, self.trainer, groups, self.sync.publish)
+        metrics = await _on(self.pool, self._train, groups)
         self.version = self.trainer.version
         return metrics
 
+    def _train(self, groups: list[Group]) -> dict[str, float]:
+        metrics = train_step(self.trainer, groups, self.sync.publish)
+        release_freed_memory(self.trainer.device)  # the step's activations, before generation needs memory
+        return metrics
+
     async def evaluate(self) -> dict[str, float]:
-        return await _on(self.pool, self._evaluate)
+        return await _on(self.pool, self._evaluate_and_release)
+
+    def _evaluate_and_release(self) -> dict[str, float]:
+        metrics = self._evaluate()
+        release_freed_memory(self.trainer.device)
+        return metrics
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run other trainer-side work (checkpointing) on the trainer's thread."""

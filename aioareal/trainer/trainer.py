@@ -175,6 +175,9 @@ class Trainer:
         if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
             norm = norm.full_tensor()
         self._optimizer_step(norm)
+        # The update is applied: the gradients are not needed again until the next backward, and
+        # a full model's worth of them would stay resident through generation.
+        self.optimizer.zero_grad(set_to_none=True)
         step.norms.append(norm)
         step.updates += 1
 
