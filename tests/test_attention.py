@@ -71,6 +71,22 @@ def test_long_keys_and_other_devices_take_transformers_sdpa(monkeypatch):
     assert calls == [long.shape, short.shape]
 
 
+def test_under_cpu_autocast_fp32_queries_take_the_16bit_key_limit(monkeypatch):
+    # The trainer's bf16 autocast hands attention fp32 queries (rotary embeddings multiply by fp32
+    # tables); its matmuls run in bf16 all the same, so the bf16 limit applies, not fp32's.
+    calls = []
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[2].shape) or (None, None))
+    module = torch.nn.Module()
+    middle = torch.randn(1, 2, attention.SHORT_KEYS_16BIT, 4)
+    attention.attention_forward(module, middle, middle, middle, None)
+    assert calls == [middle.shape]  # fp32 without autocast: SDPA
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = attention.attention_forward(module, middle, middle, middle, None)
+        longer = torch.randn(1, 2, attention.SHORT_KEYS_16BIT + 1, 4)
+        attention.attention_forward(module, longer, longer, longer, None)
+    assert out.dtype == torch.bfloat16 and calls == [middle.shape, longer.shape]
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_models_load_with_it_and_log_probs_match_sdpa(shared):
     from aioareal.samples import Completion, Sample

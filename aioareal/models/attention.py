@@ -40,6 +40,15 @@ def short_keys(dtype: torch.dtype) -> int:
     return SHORT_KEYS_16BIT if dtype in (torch.bfloat16, torch.float16) else SHORT_KEYS
 
 
+def compute_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype attention's matmuls run in: under CPU autocast (the trainer's bf16 with fp32 master
+    weights) the autocast dtype, though the query arrives in fp32 (rotary embeddings multiply the
+    bf16 projections by fp32 cos/sin tables, and plain multiplication is not autocast)."""
+    if query.dtype == torch.float32 and torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    return query.dtype
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
@@ -47,7 +56,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (True attends) or additive -> (b, q, H, D), as transformers' attention functions return."""
     if kwargs.get("cu_seq_lens_q") is not None:  # one packed row: attend within each sequence
         return packed_attention(query, key, value, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], scaling), None
-    if (query.device.type != "cpu" or key.shape[2] > short_keys(query.dtype) or dropout
+    if (query.device.type != "cpu" or key.shape[2] > short_keys(compute_dtype(query)) or dropout
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or (is_causal is False and attention_mask is None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
