@@ -68,15 +68,17 @@ def test_engine_logprobs_equal_the_hf_forward(smollm2):
     assert bf16.mean() > 1e-4  # it did run in bf16: rounding shows
 
 
-# bf16 where the CPU multiplies it natively; elsewhere bf16 matmuls are emulated and slower than fp32.
-DTYPE = "bfloat16" if bf16_units(cpu_flags()) else "float32"
+# Held-out 0.117 -> 0.533 (seed 0) and 0.117 -> 0.500 (seed 1) in 8 steps, about 2 min 15 s on 2 cores
+# with AMX; in fp32 the same 8 steps took 4 min 38 s and reached only 0.183 (seed 0): too slow and too
+# few steps for CI, so the run needs a CPU that multiplies bf16 natively (elsewhere bf16 is emulated).
 STEPS = 8
 
 
+@pytest.mark.skipif(not bf16_units(cpu_flags()), reason="needs a CPU with AVX-512 BF16 or AMX (bf16 matmuls)")
 def test_a_short_rl_run_raises_held_out_reward(smollm2, tmp_path):
     config = load_config(
         path=Path(__file__).parents[1] / "configs" / "smollm2-sums.yaml",
-        overrides=[f"model.dtype={DTYPE}", f"model.train_dtype={DTYPE}", f"train.steps={STEPS}",
+        overrides=[f"train.steps={STEPS}",
                    "algo.batch_groups=4", "algo.group_size=8", "generation.max_new_tokens=48",
                    "algo.lr=4e-5", "data.eval_size=60", f"eval.every={STEPS}"],
         flags={"run.run_dir": str(tmp_path / "run")})
@@ -85,7 +87,7 @@ def test_a_short_rl_run_raises_held_out_reward(smollm2, tmp_path):
     curve = [r["eval_pass_rate"] for r in rows if r.get("eval_pass_rate") is not None]
     assert [r["step"] for r in rows] == list(range(STEPS + 1)) and len(curve) == 2
     assert curve[0] <= 0.4, curve  # the model half-knows the task: it rarely boxes a bare sum at first
-    assert curve[-1] - curve[0] >= 0.15, curve
+    assert curve[-1] - curve[0] >= 0.2, curve
     assert all(abs(r["logprob_gap_mean"]) < BF16_MEAN for r in rows[1:])
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["text"] for s in samples)  # what the model wrote, readable
