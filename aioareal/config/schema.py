@@ -11,6 +11,7 @@ from typing import Literal
 
 from .algo import AlgoConfig
 from .fields import check, doc
+from .tools import ToolsConfig
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -68,9 +69,15 @@ class DataConfig:
     max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
     skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
     shuffle_seed: int = doc("seed of the training-prompt shuffle", 1234)
+    episode: str | None = doc("multi-turn episodes: a built-in (calculator, single_turn) or your own async "
+                              "episode(example, gen) by import path, 'path/to/env.py:name' (docs/episodes.md); "
+                              "none = single completions", None)
+    episode_timeout_s: float = doc("time one episode may run, tool calls included; past it, it scores 0 and is "
+                                   "counted (episode_errors)", 300.0)
 
     def __post_init__(self) -> None:
         check(self.eval_size >= 0, "data.eval_size", f"must be >= 0, got {self.eval_size}")
+        check(self.episode_timeout_s > 0, "data.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
         check(self.max_prompt_tokens > 0, "data.max_prompt_tokens", f"must be > 0, got {self.max_prompt_tokens}")
 
 
@@ -112,7 +119,8 @@ class RewardConfig:
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = doc("completion length limit", 8)
+    max_new_tokens: int = doc("completion length limit (an episode's: every token after its prompt, observations "
+                              "included)", 8)
     temperature: float = doc("sampling temperature (the trainer scales logits the same way)", 1.0)
     top_p: float = doc("nucleus sampling mass", 1.0)
     num_slots: int = doc("sequences decoded at once; 0 = enough for the admission bound", 0)
@@ -199,8 +207,14 @@ class WarmupConfig:
     max_steps: int = doc("tiny model: warm-start step limit", 3000)
     batch_size: int = doc("tiny model: warm-start batch size", 128)
     lr: float = doc("tiny model: warm-start learning rate", 1e-3)
+    ops: str = doc("tiny model: operators of the warm-start's sums (empty = arithmetic.ops)", "")
+    digits: int = doc("tiny model: max digits per operand in the warm-start (0 = arithmetic.digits)", 0)
+    calls: bool = doc("tiny model: teach the calculator's call format (<calc>a+b</calc><result>c</result>c) instead "
+                      "of direct answers (the calculator episode's warm-start)", False)
 
     def __post_init__(self) -> None:
+        check(not set(self.ops) - set("+-*"), "warmup.ops", f"must use only '+-*', got '{self.ops}'")
+        check(0 <= self.digits <= 6, "warmup.digits", f"must be in 0..6, got {self.digits}")
         check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
               f"must be in (0, 1), got {self.target_pass_rate}")
 
@@ -256,6 +270,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -86,8 +86,8 @@ class EpisodeGen:
             return ModelTurn("", "length")
         start, stops = len(self.completion.tokens), tuple(stop)
         self._idle.clear()
+        future = self.ctx.queue.ask(self.group, self.index, stops, max_tokens or 0, first=not self.asked)
         self.asked = True
-        future = self.ctx.queue.ask(self.group, self.index, stops, max_tokens or 0)
         future.add_done_callback(lambda f: self._turn_over(f, start, stops))
         await asyncio.shield(future)  # cancelled, the episode stops waiting; the engine finishes the turn
         assert self._turn is not None

@@ -19,7 +19,7 @@ async def drive(engine: Engine, queue: TurnQueue, runs: list[Awaitable[Any]]) ->
     """Run `runs` (a runner's `run_group` calls) to their ends, stepping `engine` for their turns."""
     tasks = [asyncio.ensure_future(run) for run in runs]
     wake = asyncio.Event()
-    queue.on_ask = wake.set
+    queue.on_ask = lambda ask: wake.set()
     for task in tasks:
         task.add_done_callback(lambda _: wake.set())
     try:

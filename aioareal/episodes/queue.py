@@ -25,6 +25,7 @@ class Ask:
     stop: tuple[str, ...]
     max_tokens: int
     future: asyncio.Future
+    first: bool  # the episode's first ask (until then it holds a place among its group's)
 
 
 class TurnQueue:
@@ -32,14 +33,15 @@ class TurnQueue:
         self.decode_raw = decode_raw
         self.pending: list[Ask] = []
         self.waiting: dict[tuple[int, int], asyncio.Future] = {}  # (id(group), index) -> its turn's future
-        self.on_ask: Callable[[], None] = lambda: None  # the driver's wake-up: work arrived by itself
+        self.on_ask: Callable[[Ask], None] = lambda ask: None  # the driver's wake-up: work arrived by itself
 
-    def ask(self, group: Group, index: int, stop: tuple[str, ...], max_tokens: int) -> asyncio.Future:
+    def ask(self, group: Group, index: int, stop: tuple[str, ...], max_tokens: int,
+            first: bool = False) -> asyncio.Future:
         """Queue a turn for sample `index` of `group`; the future is done when its turn has ended."""
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append(Ask(group, index, stop, max_tokens, future))
-        self.on_ask()
-        return future
+        ask = Ask(group, index, stop, max_tokens, asyncio.get_running_loop().create_future(), first)
+        self.pending.append(ask)
+        self.on_ask(ask)
+        return ask.future
 
     @property
     def pending_sequences(self) -> int:

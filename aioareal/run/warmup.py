@@ -37,7 +37,11 @@ def cache_root() -> Path:
 
 def cache_key(config: Config) -> str:
     d = config.data
-    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=asdict(config.warmup), digits=config.arithmetic.digits,
+    warmup = asdict(config.warmup)
+    for key, default in (("ops", ""), ("digits", 0), ("calls", False)):  # added later: the old keys stay valid
+        if warmup[key] == default:
+            del warmup[key]
+    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=warmup, digits=config.arithmetic.digits,
                 ops=config.arithmetic.ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
