@@ -4,6 +4,7 @@ answers as observation tokens into one record; whatever an episode does wrong is
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import pytest
@@ -220,3 +221,28 @@ def test_episodes_load_by_name_and_import_path(tmp_path):
                                         ("12*34</calc>", "12*34"), ("<calc>a</calc><calc>3-1</calc>", "3-1")])
 def test_the_calculator_episode_reads_the_last_call(text, call):
     assert call_of(text) == call
+    raw = text.replace("<calc>", "[").replace("</calc>", "]")
+    assert call_of(raw, "[", "]") == call
+
+
+def test_a_row_brings_its_system_prompt_and_tools_to_the_chat_template():
+    from aioareal.tasks.base import PromptRenderer
+
+    seen = {}
+
+    class Template:
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+            seen.update(messages=messages, **kwargs)
+            return "rendered"
+
+    renderer = PromptRenderer(Template(), chat=True, system_prompt="default")
+    schema = [{"type": "function", "function": {"name": "calculator"}}]
+    renderer.text(Example("1", "12*34?", "408", row={"system": "Use the calculator.", "tools": json.dumps(schema)}))
+    assert seen["messages"][0] == {"role": "system", "content": "Use the calculator."} and seen["tools"] == schema
+    seen.clear()
+    renderer.text(Example("2", "1+1?", "2"))
+    assert seen["messages"][0]["content"] == "default" and "tools" not in seen
+    with pytest.raises(UserError, match="row 3: its 'tools' column is not JSON"):
+        renderer.text(Example("3", "q", "a", row={"tools": "[nope"}))

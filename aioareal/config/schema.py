@@ -209,7 +209,7 @@ class WarmupConfig:
     lr: float = doc("tiny model: warm-start learning rate", 1e-3)
     ops: str = doc("tiny model: operators of the warm-start's sums (empty = arithmetic.ops)", "")
     digits: int = doc("tiny model: max digits per operand in the warm-start (0 = arithmetic.digits)", 0)
-    calls: bool = doc("tiny model: teach the calculator's call format (<calc>a+b</calc><result>c</result>c) instead "
+    calls: bool = doc("tiny model: teach the calculator episode's call format (a+b=[a+b]{c}c) instead "
                       "of direct answers (the calculator episode's warm-start)", False)
 
     def __post_init__(self) -> None:

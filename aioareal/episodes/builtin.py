@@ -1,11 +1,13 @@
 """Episodes that ship with aioareal (`data.episode=<name>`); a user's own is named by import path.
 
 single_turn   today's single completion as an episode: one turn, the task's verdict on it.
-calculator    arithmetic with a calculator: the model may write `<calc>EXPR</calc>` (up to
-              tools.max_calls times); the tool's answer comes back as an observation, written
-              `<result>56088</result>` after raw prompts and as a `tool` message by the chat
-              template after chat prompts; the model's last turn is its answer:
-                  347*582=<calc>347*582</calc><result>201954</result>201954
+calculator    arithmetic with a calculator: the model may call it (up to tools.max_calls times) and
+              gets the result back as an observation; the text of its last turn is its answer.
+              After chat prompts a call is `<calc>EXPR</calc>` and the result comes back as a `tool`
+              message written by the chat template. After raw prompts (the tiny model's character
+              tokens, where every character is a token to train and decode) the call is compact:
+                  347*582=[347*582]{201954}201954
+              model: `[347*582]` (a call), world: `{201954}`, model: `201954` and EOS.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Any
 
 from .handle import EpisodeGen
 
-CALL, END = "<calc>", "</calc>"
+CALL, END = "<calc>", "</calc>"  # after chat prompts
+RAW_CALL, RAW_END = "[", "]"  # after raw prompts
+RAW_RESULT = "{{{}}}"  # the result after raw prompts: {201954}
 
 
 async def single_turn(example: Any, gen: EpisodeGen) -> None:
@@ -21,18 +25,19 @@ async def single_turn(example: Any, gen: EpisodeGen) -> None:
 
 
 async def calculator(example: Any, gen: EpisodeGen) -> float:
-    turn = await gen.turn(stop=[END])
-    while turn.stop == END and gen.calls_left > 0:
-        result = await gen.call("calculator", call_of(turn.text))
-        gen.observe(result if gen.chat else f"<result>{result}</result>")
-        turn = await gen.turn(stop=[END])
+    start, end = (CALL, END) if gen.chat else (RAW_CALL, RAW_END)
+    turn = await gen.turn(stop=[end])
+    while turn.stop == end and gen.calls_left > 0:
+        result = await gen.call("calculator", call_of(turn.text, start, end))
+        gen.observe(result if gen.chat else RAW_RESULT.format(result))
+        turn = await gen.turn(stop=[end])
     return await gen.score(turn.text)
 
 
-def call_of(text: str) -> str:
-    """The expression of the call a turn ends with: between the last <calc> and </calc>."""
-    body = text[:text.rfind(END)] if END in text else text
-    return body[body.rfind(CALL) + len(CALL):] if CALL in body else body
+def call_of(text: str, start: str = CALL, end: str = END) -> str:
+    """The expression of the call a turn ends with: between the last `start` and `end`."""
+    body = text[:text.rfind(end)] if end in text else text
+    return body[body.rfind(start) + len(start):] if start in body else body
 
 
 BUILTIN = {"single_turn": single_turn, "calculator": calculator}
