@@ -27,6 +27,7 @@ from ..models import eos_token_ids, random_model
 from ..models.shapes import SHAPES
 from ..models.tokenizer import build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
+from ..tasks.base import Example
 from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
@@ -40,7 +41,9 @@ def cache_root() -> Path:
 def cache_key(config: Config) -> str:
     d = config.data
     warmup = asdict(config.warmup)
-    for key, default in (("ops", ""), ("digits", 0), ("calls", False)):  # added later: the old keys stay valid
+    later = (("ops", ""), ("digits", 0), ("calls", False), ("extra_ops", ""), ("extra_digits", 1),
+             ("extra_calls", 0.0))
+    for key, default in later:  # fields added later: at their defaults the old keys stay valid
         if warmup[key] == default:
             del warmup[key]
     spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=warmup, digits=config.arithmetic.digits,
@@ -72,8 +75,9 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
-    task = warmup_task(config)
-    train, held_out = task.splits()
+    task = ArithmeticTask(ops=config.warmup.ops or config.arithmetic.ops)  # its exact-match verdict
+    train, held_out = warmup_examples(config)
+    extra = extra_examples(config)
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     evaluate_now = _evaluator(config, task, EvalSet(held_out, [encode(e.prompt) for e in held_out]), tokenizer,
                               eos_token_ids(model, tokenizer))
@@ -81,8 +85,10 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
     start, pass_rate, step = time.time(), 0.0, 0
     for step in range(1, w.max_steps + 1):
-        batch = rng.sample(train, w.batch_size)
-        answers = [_answer(e, w.calls, encode, tokenizer.eos_token_id) for e in batch]
+        k = w.batch_size // 4 if extra else 0  # warmup.extra_ops: a quarter of the batch
+        batch = rng.sample(train, w.batch_size - k) + rng.choices(extra, k=k)
+        calls = [w.calls] * (w.batch_size - k) + [w.calls and rng.random() < w.extra_calls for _ in range(k)]
+        answers = [_answer(e, c, encode, tokenizer.eos_token_id) for e, c in zip(batch, calls)]
         loss = _sft_loss(model, [encode(e.prompt) for e in batch], [a for a, _ in answers], [t for _, t in answers])
         optimizer.zero_grad()
         loss.backward()
@@ -100,10 +106,46 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     return summary
 
 
-def warmup_task(config: Config) -> ArithmeticTask:
-    """The warm-start's sums: warmup.ops and warmup.digits where set (other operations than RL's)."""
+def warmup_examples(config: Config, pool: int = 50_000) -> tuple[list[Example], list[Example]]:
+    """The warm-start's training and held-out examples. With warmup.digits: warmup.ops (or the task's)
+    on operands of 1 to warmup.digits digits, each length equally likely, so that a call learns to copy
+    numbers of any length (not only the longest, which uniform draws give nine times in ten), and
+    results as long as the task's; without it, the task's own splits."""
     w, d, a = config.warmup, config.data, config.arithmetic
-    return ArithmeticTask(w.digits or a.digits, w.ops or a.ops, d.eval_size, d.shuffle_seed)
+    ops = w.ops or a.ops
+    if not w.digits:
+        return ArithmeticTask(a.digits, ops, d.eval_size, d.shuffle_seed).splits()
+    rng = random.Random(d.shuffle_seed)
+    seen: dict[tuple[int, str, int], None] = {}  # distinct triples, in the order drawn
+    for _ in range(4 * pool):  # bounded: few digits have fewer than `pool` distinct triples
+        op = rng.choice(ops)
+        seen[(_operand(rng, w.digits), op, _operand(rng, w.digits, nonzero=op == "%"))] = None
+        if len(seen) == pool:
+            break
+    examples = [ArithmeticTask.example(*t) for t in seen]
+    return examples[d.eval_size:], examples[: d.eval_size]
+
+
+def extra_examples(config: Config, pool: int = 20_000) -> list[Example]:
+    """warmup.extra_ops with one operand of 1 to warmup.extra_digits digits and the other of 1 to
+    warmup.digits (the task's digits without it), in either order (12345*67, 67*12345): an operation
+    the warm-start teaches on short operands only."""
+    w = config.warmup
+    if not w.extra_ops:
+        return []
+    rng = random.Random(config.data.shuffle_seed + 1)
+    examples = []
+    for _ in range(pool):
+        op = rng.choice(w.extra_ops)
+        long, short = _operand(rng, w.digits or config.arithmetic.digits), _operand(rng, w.extra_digits, op == "%")
+        examples.append(ArithmeticTask.example(*((long, op, short) if rng.random() < 0.5 or op == "%"
+                                                 else (short, op, long))))
+    return examples
+
+
+def _operand(rng: random.Random, digits: int, nonzero: bool = False) -> int:
+    n = rng.randint(1, digits)  # the length first: every length equally likely
+    return rng.randrange(max(10 ** (n - 1) if n > 1 else 0, int(nonzero)), 10 ** n)
 
 
 def _answer(example, calls: bool, encode, eos: int) -> tuple[list[int], list[bool]]:
