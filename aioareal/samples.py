@@ -6,12 +6,43 @@ to the trainer (DESIGN "Terms"):
     reward service sets each completion's `text` and each sample's `reward` (and the group's `reward_failures`)
     trainer        sets each sample's `advantage`, trains on the group
 
-Evaluation and the benchmarks submit Groups too, with no example or with forced lengths."""
+Evaluation and the benchmarks submit Groups too, with no example or with forced lengths.
+
+Episodes (DESIGN rule 9, episodes/) fill the same record over several turns: a completion's
+`tokens` are everything after the prompt in order, the model's turns and the world's answers
+(observation tokens) interleaved; `turns` says which span is whose. Observation positions hold
+placeholders in `logprobs` (NaN) and `versions` (OBS_VERSION): they were never sampled, and
+nothing reads them (the trainer masks them out of every term: `model_mask`). A single completion
+has no turns, so it is exactly the record it always was: every token is the model's."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .tasks.base import Example
+
+OBS_VERSION = -1  # the version placeholder of an observation token (never sampled by any policy)
+OBS_LOGPROB = math.nan  # its behaviour log-prob placeholder: never read (a NaN would show at once if it were)
+MODEL = "assistant"  # the role of the model's own turns; every other role is the world's
+
+
+@dataclass(slots=True)
+class Turn:
+    """One turn of an episode: who wrote it, what it says, where its tokens sit in the completion."""
+
+    role: str  # MODEL for the model's tokens; the world's: "tool", "user", ...
+    text: str
+    start: int  # its tokens are completion.tokens[start:end]
+    end: int
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call an episode made, for the metrics (tool_calls, tool_errors, tool_latency_mean)."""
+
+    name: str
+    seconds: float
+    error: str | None = None  # None: it answered; else what went wrong (timeout, raised, returned garbage)
 
 
 @dataclass(slots=True)
@@ -24,7 +55,32 @@ class Completion:
     finish_reason: str = ""  # "stop" (an EOS token) or "length" (max_new_tokens or context)
     # The tokens decoded, as the reward service scored them (set by its `score_group`, which decodes
     # them anyway, off the event loop); None where no scorer decoded them (or its call timed out first).
+    # An episode's text is the whole interaction, its turns' texts in order.
     text: str | None = None
+    turns: list[Turn] = field(default_factory=list)  # an episode's turns; empty for a single completion
+    tool_calls: list[ToolCall] = field(default_factory=list)  # an episode's tool calls, in order
+
+    def model_mask(self) -> list[bool] | None:
+        """Per token: True where the model sampled it, False for observation tokens; None when
+        every token is the model's (a single completion, or an episode that observed nothing)."""
+        world = [t for t in self.turns if t.role != MODEL and t.end > t.start]
+        if not world:
+            return None
+        mask = [True] * len(self.tokens)
+        for t in world:
+            mask[t.start:t.end] = [False] * (t.end - t.start)
+        return mask
+
+    @property
+    def obs_tokens(self) -> int:
+        return sum(t.end - t.start for t in self.turns if t.role != MODEL)
+
+    @property
+    def model_versions(self) -> list[int]:
+        """The versions of the model's tokens (observation placeholders left out)."""
+        if not self.turns:
+            return self.versions
+        return [v for v in self.versions if v != OBS_VERSION]
 
 
 @dataclass(slots=True)
@@ -42,14 +98,15 @@ class Sample:
 
     @property
     def version_min(self) -> int:
-        return min(self.completion.versions)
+        return min(self.completion.model_versions)
 
     @property
     def version_max(self) -> int:
-        return max(self.completion.versions)
+        return max(self.completion.model_versions)
 
     def staleness(self, trained_version: int) -> int:
-        """DESIGN: trained version minus the oldest version among the sample's tokens."""
+        """DESIGN: trained version minus the oldest version among the sample's tokens (the model's
+        tokens: observations carry no version)."""
         return trained_version - self.version_min
 
 

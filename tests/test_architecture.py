@@ -20,8 +20,10 @@ LAYERS = [
     ["aioareal.models"],
     ["aioareal.rewards"],  # the service and its worker processes (the grader runs in them)
     ["aioareal.tasks", "aioareal.prompts"],
+    ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
     ["aioareal.samples"],  # the Group record: an example in, completions, rewards, advantages
     ["aioareal.generation"],
+    ["aioareal.episodes"],  # multi-turn episodes: coroutines asking the engine for turns, tools between them
     ["aioareal.checkpoint"],
     ["aioareal.weightsync"],
     ["aioareal.trainer"],
@@ -181,7 +183,7 @@ def test_the_layer_check_sees_an_upward_import():
     graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
                                        "aioareal.losses": "aioareal/trainer/step.py:10"},
              "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
-    assert upward_imports(graph) == ["aioareal.trainer.step (layer 10) imports aioareal.run.build (layer 13) "
+    assert upward_imports(graph) == ["aioareal.trainer.step (layer 12) imports aioareal.run.build (layer 15) "
                                      "at aioareal/trainer/step.py:9"]
 
 

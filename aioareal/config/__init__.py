@@ -13,10 +13,11 @@ from .schema import (
                      RewardConfig,
                      RolloutConfig,
                      RunConfig,
+                     ToolsConfig,
                      TrainConfig,
                      WarmupConfig,
 )
 
 __all__ = ["DEFAULT_STALENESS", "AlgoConfig", "ArithmeticConfig", "Config", "DataConfig", "DistConfig", "EvalConfig",
-           "GenerationConfig", "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TrainConfig",
-           "WarmupConfig", "dump_yaml", "known_keys", "load_config", "save_config", "to_dict"]
+           "GenerationConfig", "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "ToolsConfig",
+           "TrainConfig", "WarmupConfig", "dump_yaml", "known_keys", "load_config", "save_config", "to_dict"]

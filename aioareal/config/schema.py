@@ -11,6 +11,7 @@ from typing import Literal
 
 from .algo import AlgoConfig
 from .fields import check, doc
+from .tools import ToolsConfig
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -68,9 +69,15 @@ class DataConfig:
     max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
     skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
     shuffle_seed: int = doc("seed of the training-prompt shuffle", 1234)
+    episode: str | None = doc("multi-turn episodes: a built-in (calculator, single_turn) or your own async "
+                              "episode(example, gen) by import path, 'path/to/env.py:name' (docs/episodes.md); "
+                              "none = single completions", None)
+    episode_timeout_s: float = doc("time one episode may run, tool calls included; past it, it scores 0 and is "
+                                   "counted (episode_errors)", 300.0)
 
     def __post_init__(self) -> None:
         check(self.eval_size >= 0, "data.eval_size", f"must be >= 0, got {self.eval_size}")
+        check(self.episode_timeout_s > 0, "data.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
         check(self.max_prompt_tokens > 0, "data.max_prompt_tokens", f"must be > 0, got {self.max_prompt_tokens}")
 
 
@@ -79,15 +86,15 @@ class ArithmeticConfig:
     """The synthetic task of the offline default (data.task=arithmetic)."""
 
     digits: int = doc("max digits per operand", 2)
-    ops: str = doc("operators to draw from", "+")
+    ops: str = doc("operators to draw from (+ - * and %, the remainder)", "+")
     style: Literal["raw", "chat"] = doc("raw: '23+45=' -> '68' (the tiny model's format); chat: 'What is 23 + 45? "
                                         "Put the final answer in \\boxed{}.' through the chat template, graded "
                                         "by the GSM8K grader (an instruct model's format)", "raw")
 
     def __post_init__(self) -> None:
         check(1 <= self.digits <= 6, "arithmetic.digits", f"must be in 1..6, got {self.digits}")
-        bad = set(self.ops) - set("+-*")
-        check(bool(self.ops) and not bad, "arithmetic.ops", f"must use only '+-*', got '{self.ops}'")
+        bad = set(self.ops) - set("+-*%")
+        check(bool(self.ops) and not bad, "arithmetic.ops", f"must use only '+-*%', got '{self.ops}'")
 
 
 @dataclass
@@ -112,7 +119,8 @@ class RewardConfig:
 
 @dataclass
 class GenerationConfig:
-    max_new_tokens: int = doc("completion length limit", 8)
+    max_new_tokens: int = doc("completion length limit (an episode's: every token after its prompt, observations "
+                              "included)", 8)
     temperature: float = doc("sampling temperature (the trainer scales logits the same way)", 1.0)
     top_p: float = doc("nucleus sampling mass", 1.0)
     num_slots: int = doc("sequences decoded at once; 0 = enough for the admission bound", 0)
@@ -199,8 +207,26 @@ class WarmupConfig:
     max_steps: int = doc("tiny model: warm-start step limit", 3000)
     batch_size: int = doc("tiny model: warm-start batch size", 128)
     lr: float = doc("tiny model: warm-start learning rate", 1e-3)
+    ops: str = doc("tiny model: operators of the warm-start's sums (empty = arithmetic.ops)", "")
+    digits: int = doc("tiny model: operands of 1 to this many digits in the warm-start, each length equally "
+                      "likely (0 = arithmetic.digits, drawn as the task draws them)", 0)
+    calls: bool = doc("tiny model: teach the calculator episode's call format (a+b=[a+b]{c}c) instead "
+                      "of direct answers (the calculator episode's warm-start)", False)
+
+    extra_ops: str = doc("tiny model: operators the warm-start also teaches with one short operand "
+                         "(warmup.extra_digits; the other of up to warmup.digits), a quarter of each batch", "")
+    extra_digits: int = doc("tiny model: max digits of the short operand of those (1: products by one digit, "
+                            "12345*6 and 6*12345)", 1)
+    extra_calls: float = doc("tiny model: the fraction of those taught in the calculator's call format (with "
+                             "warmup.calls; the rest answered directly)", 0.0)
 
     def __post_init__(self) -> None:
+        check(not set(self.ops) - set("+-*%"), "warmup.ops", f"must use only '+-*%', got '{self.ops}'")
+        check(not set(self.extra_ops) - set("+-*%"), "warmup.extra_ops", f"must use only '+-*%', got "
+              f"'{self.extra_ops}'")
+        check(0 <= self.extra_calls <= 1, "warmup.extra_calls", f"must be in 0..1, got {self.extra_calls}")
+        check(1 <= self.extra_digits <= 6, "warmup.extra_digits", f"must be in 1..6, got {self.extra_digits}")
+        check(0 <= self.digits <= 6, "warmup.digits", f"must be in 0..6, got {self.digits}")
         check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
               f"must be in (0, 1), got {self.target_pass_rate}")
 
@@ -256,6 +282,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

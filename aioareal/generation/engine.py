@@ -1,18 +1,17 @@
 """Continuous-batching generation engine over a fixed pool of KV-cache slots.
 
-Each `step()` admits waiting groups into free slots (one prefill per prompt, its K/V written
-into all G slots of the group), runs one decode step over every live slot, and copies the sampled
-tokens to the host, where bookkeeping records them and frees the slots of finished sequences for
-the next prompts. Per-slot decode state (next token, position, liveness) stays on the device: the
-device itself clears `live` where a sequence sampled EOS or reached its length (liveness.py).
+Each `step()` admits waiting groups (and episodes' turns, turns.py) into free slots (one prefill per
+prompt, its K/V written into all G slots of the group), decodes one token in every live slot, and
+copies the tokens to the host, where bookkeeping records them and frees finished sequences' slots.
+Per-slot decode state (next token, position, liveness) stays on the device, which clears `live`
+itself at EOS or the length limit (liveness.py); the host clears it at a stop string.
 
 Overlap (`overlap`, on by default on CUDA): step t+1 is launched before the host reads step t's
 tokens, which come down by a non-blocking copy into pinned memory (inflight.py); the host's
 bookkeeping of step t then runs while the device computes step t+1. The costs: a slot freed at
 step t takes a new sequence one step later (at step t+2, not t+1), a finished slot decodes once
 more (its token is discarded), and results come back one `step()` later. Tokens, logprobs and
-versions are what the plain engine produces. On the CPU ops are synchronous and it buys nothing,
-but the same path runs there (tests/test_engine_overlap.py).
+versions are the plain engine's; on the CPU it buys nothing, but the same path runs there.
 
 Weights belong to the model the engine wraps. When the trainer publishes a new version the
 engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
@@ -46,8 +45,9 @@ from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
 from .prefix import PrefixLayout, layout_of
 from .sampling import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, same_size_runs
 from .sequence import Running
+from .turns import TurnRequest
 from .upload import upload, upload_padded
 
 
@@ -132,10 +132,18 @@ class Engine:
             raise ValueError(f"group id {group.group_id} is already in this engine")
         self.waiting.append(group)
 
+    def submit_turn(self, turn: TurnRequest) -> None:
+        """Queue an episode's turn (turns.py); `take_turns` reports each of its sequences' end."""
+        turn.check(self.num_slots, self.max_len, self.params.max_new_tokens)
+        self.waiting.append(turn)
+
+    def take_turns(self) -> list[tuple[TurnRequest, int]]:
+        """The (turn, sample index) of every sequence whose turn ended since the last call."""
+        return self.sched.turns.take()
+
     @property
     def busy(self) -> bool:
-        """Work left. A step in flight with no running sequence is dropped unread (it holds only
-        finished slots' extra tokens), so it does not count."""
+        """Work left (a step in flight with no running sequence holds only extra tokens: dropped unread)."""
         return bool(self.waiting or self.running)
 
     # -- weights ---------------------------------------------------------------------------------
@@ -214,24 +222,19 @@ class Engine:
         with self.timer("sync", host=True) if self.overlap else contextlib.nullcontext():
             output.wait()  # with overlap the host sync of the step: on the previous step's copy only
         with self.timer("bookkeep", host=True):
-            return self.sched.bookkeep(output, in_flight)
-    def _prefill(self, groups: list[Group], admitted: list[Running]) -> torch.Tensor:
-        """Prefill the admitted prompts, sample their first tokens; returns (2, len(admitted))."""
-        prompts = [g.prompt_ids for g in groups]
-        # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
-        lengths = upload([len(p) for p in prompts], self.device)
-        tokens = upload_padded(prompts, self.device)
-        copies = groups[0].size
+            finished = self.sched.bookkeep(output, in_flight)
+        if self.sched.paused:  # a stop string ended them: the device's liveness rule cannot see text
+            self.live[upload(self.sched.paused, self.device)], self.sched.paused = False, []
+        return finished
+    def _prefill(self, groups: list[Group | TurnRequest], admitted: list[Running]) -> torch.Tensor:
+        """Prefill the admitted prompts, one forward per group size (an episode's later turns are
+        single sequences beside groups of G), sample their first tokens; returns (2, len(admitted))."""
         slots = upload([r.slot for r in admitted], self.device)
-        if any(g.size != copies for g in groups):  # mixed group sizes: one prefill each
-            hidden = torch.cat([self.fwd.prefill(self.cache, tokens[j:j + 1], lengths[j:j + 1],
-                                                 self._slots_of(admitted, g), g.size).repeat(g.size, 1)
-                                for j, g in enumerate(groups)])
-        else:
-            hidden = self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
+        parts = [self._prefill_part(units, slots[a:b]) for units, a, b in same_size_runs(groups)]
+        hidden = parts[0] if len(parts) == 1 else torch.cat(parts)
         tok, lp = self.sample(self.fwd.logits(hidden), self.params, self.generator)
         # Positions, length limits and EOS flags in one upload: (3, len(admitted)).
-        meta = upload([[r.prompt_len for r in admitted], [r.limit for r in admitted],
+        meta = upload([[r.context_len for r in admitted], [r.limit - r.turn_start for r in admitted],
                        [int(r.stop_on_eos) for r in admitted]], self.device)
         live = self.limits.start(slots, tok, meta[1], meta[2].bool())  # a first token may end it
         self.next_token[slots], self.position[slots], self.live[slots] = tok, meta[0], live
@@ -239,8 +242,13 @@ class Engine:
             self.running[r.slot] = r
         return torch.stack([tok.to(torch.float32), lp])
 
-    def _slots_of(self, admitted: list[Running], group: Group) -> torch.Tensor:
-        return upload([r.slot for r in admitted if r.group is group], self.device)
+    def _prefill_part(self, units: list[Group | TurnRequest], slots: torch.Tensor) -> torch.Tensor:
+        """One forward over units of one size, K/V into their `slots`; their rows' hidden states."""
+        prompts = [g.prompt_ids for g in units]
+        # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
+        lengths = upload([len(p) for p in prompts], self.device)
+        tokens, copies = upload_padded(prompts, self.device), units[0].size
+        return self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1

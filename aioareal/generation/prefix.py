@@ -54,14 +54,16 @@ def layout_of(running: dict[int, Running], device: torch.device,
     slots = sorted(running)
     # What the layout depends on: slots, grouping, prompt lengths (a recycled id() then still
     # yields the same layout).
-    key = tuple((s, id(running[s].group), running[s].prompt_len) for s in slots)
+    # Grouped by what prefilled the slot (a group, or an episode's turn: samples of one group that
+    # continue different histories, maybe prefilled under other weights, share nothing).
+    key = tuple((s, id(running[s].unit), running[s].prompt_len) for s in slots)
     if previous is not None and previous.key == key:
         return previous
     index: dict[int, int] = {}
     leaders, group_prompt, group, member, sizes = [], [], [], [], []
     for slot in slots:
         r = running[slot]
-        g = index.setdefault(id(r.group), len(index))
+        g = index.setdefault(id(r.unit), len(index))
         if g == len(leaders):
             leaders.append(slot)
             group_prompt.append(r.prompt_len)

@@ -7,17 +7,19 @@ one that counts for results (`finish_reason`, when a slot is free for the next p
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 
 from ..samples import Group
 from .inflight import StepOutput
 from .sequence import GroupTally, Running
+from .turns import TurnEnds, TurnRequest
 
 
 class Scheduler:
     def __init__(self, num_slots: int, eos_ids: list[int], max_len: int, max_new_tokens: int) -> None:
         self.free: list[int] = list(range(num_slots))  # slots the host knows are free (a min-heap)
-        self.waiting: deque[Group] = deque()
+        self.waiting: deque[Group | TurnRequest] = deque()
         # Sequences the host has not yet seen finish; with overlap, some may have finished in the
         # step in flight (the device knows, the host learns when it reads that step).
         self.running: dict[int, Running] = {}
@@ -26,14 +28,19 @@ class Scheduler:
         self.max_len, self.max_new_tokens = max_len, max_new_tokens
         self.max_pos = 0  # the furthest position the next decode writes at, over running sequences
         self.tokens_generated = 0  # total sampled tokens, for throughput
+        self.turns = TurnEnds()  # episodes' sequences whose turn ended, for Engine.take_turns
+        self.paused: list[int] = []  # slots a stop string ended in the last bookkeeping: the device must clear them
 
-    def admit(self) -> tuple[list[Group], list[Running]]:
-        """Host side of admission: waiting groups that fit take slots, oldest first."""
+    def admit(self) -> tuple[list[Group | TurnRequest], list[Running]]:
+        """Host side of admission: waiting groups (and episodes' turns) that fit take slots, oldest first."""
         admitted: list[Running] = []
-        groups: list[Group] = []
+        groups: list[Group | TurnRequest] = []
         while self.waiting and len(self.free) >= self.waiting[0].size:
             group = self.waiting.popleft()
             groups.append(group)
+            if isinstance(group, TurnRequest):
+                admitted += self._resume(group)
+                continue
             completions = self.unfinished.start(group)
             prompt_len = len(group.prompt_ids)
             # A sequence ends at max_new_tokens, at the context's end, or at its forced length.
@@ -44,7 +51,28 @@ class Scheduler:
                 limit = cap if forced is None else min(cap, forced[i])
                 admitted.append(Running(group, i, slot, completion, prompt_len, limit, forced is None))
             self.max_pos = max(self.max_pos, prompt_len)  # its first decode writes at prompt_len
+        if any(g.size != groups[0].size for g in groups):
+            # Units of one size side by side (one prefill each size, `same_size_runs`), `admitted` in
+            # the same order: stable sorts, and the first tokens are read back in its order.
+            groups.sort(key=lambda g: g.size)
+            admitted.sort(key=lambda r: r.unit.size)
         return groups, admitted
+
+    def _resume(self, turn: TurnRequest) -> list[Running]:
+        """An episode's turn takes slots: each sample continues its completion (turns.py). The
+        episode's budget counts every token after the prompt, observations included."""
+        prompt_len = len(turn.group.prompt_ids)
+        done = len(turn.history)
+        cap = min(self.max_new_tokens, self.max_len - prompt_len)
+        limit = cap if not turn.max_tokens else min(cap, done + turn.max_tokens)
+        admitted = []
+        for i in turn.indices:
+            completion = turn.group.samples[i].completion
+            completion.finish_reason = ""
+            admitted.append(Running(turn.group, i, heapq.heappop(self.free), completion, prompt_len, limit,
+                                    True, turn, done))
+        self.max_pos = max(self.max_pos, prompt_len + done)
+        return admitted
 
     def bookkeep(self, output: StepOutput, in_flight: StepOutput | None) -> list[Group]:
         """Record a step's tokens on the host; free finished slots. This loop runs once per live
@@ -62,13 +90,13 @@ class Scheduler:
         if output.decoded:
             offset = len(output.admitted)
             for r in output.running:
-                if not r.completion.finish_reason:
+                if not r.done:
                     pos = self._append(r, tokens[offset + r.slot], logprobs[offset + r.slot], version, finished)
                     max_pos = pos if pos > max_pos else max_pos
         if in_flight is not None:
             # The next launch decodes one position further than the step in flight, which also
             # decodes the sequences it admitted (at prompt_len; the next launch at prompt_len + 1).
-            max_pos = max([max_pos] + [r.prompt_len for r in in_flight.admitted]) + 1
+            max_pos = max([max_pos] + [r.context_len for r in in_flight.admitted]) + 1
         self.max_pos = max_pos
         return finished
 
@@ -84,12 +112,28 @@ class Scheduler:
         length = len(c.tokens)
         if r.stop_on_eos and token in self.eos_set:
             c.finish_reason = "stop"
+        elif r.turn is not None and r.turn.stop is not None and r.turn.stop.hit(c.tokens, r.turn_start):
+            c.finish_reason = "stop_string"  # the host's rule alone: the device's live is cleared after
+            self.paused.append(r.slot)
         elif length >= r.limit:
             c.finish_reason = "length"
         else:
             return r.prompt_len + length - 1
+        r.done = True
         del self.running[r.slot]
         heapq.heappush(self.free, r.slot)
-        if self.unfinished.end_one(r.group):
+        if r.turn is not None:
+            self.turns.ended.append((r.turn, r.index))
+        elif self.unfinished.end_one(r.group):
             finished.append(r.group)
         return -1
+
+
+def same_size_runs(units: list[Group | TurnRequest]) -> list[tuple[list[Group | TurnRequest], int, int]]:
+    """Consecutive units of one size, each run with its rows [a, b) among the admitted sequences."""
+    runs, row = [], 0
+    for size, run in itertools.groupby(units, key=lambda g: g.size):
+        part = list(run)
+        runs.append((part, row, row + size * len(part)))
+        row += size * len(part)
+    return runs

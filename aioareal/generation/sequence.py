@@ -4,13 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..samples import Completion, Group
+from .turns import TurnRequest
 
 
 @dataclass(slots=True)
 class Running:
     """A sequence occupying a KV-cache slot. The cache holds prompt + tokens[:-1]; tokens[-1] is
     the next input, to be written at position prompt_len + len(tokens) - 1. Right after admission
-    the first token is sampled but not yet recorded on the host: it goes to position prompt_len."""
+    the first token is sampled but not yet recorded on the host: it goes to position `context_len`
+    (prompt_len, or for an episode's later turn the prompt and its history)."""
 
     group: Group
     index: int
@@ -19,6 +21,19 @@ class Running:
     prompt_len: int = 0
     limit: int = 0  # tokens at which the sequence ends whatever it samples
     stop_on_eos: bool = True  # False under forced lengths
+    turn: TurnRequest | None = None  # an episode's turn (turns.py); None for a plain group's sample
+    turn_start: int = 0  # tokens the completion held at admission (an episode's history)
+    done: bool = False  # ended: a step still in flight (overlap) may hold this sequence; its token is dropped
+
+    @property
+    def unit(self) -> Group | TurnRequest:
+        """What admitted this sequence: its prefill wrote the slot's prefix (shared with that unit's others)."""
+        return self.group if self.turn is None else self.turn
+
+    @property
+    def context_len(self) -> int:
+        """Tokens prefilled at admission: its first sampled token goes to this position."""
+        return self.prompt_len + self.turn_start
 
 
 class GroupTally:

@@ -86,6 +86,12 @@ def _line(*parts: str | tuple[str, str]) -> Text:
 def _system(s: Snapshot) -> list[Text]:
     lines = [_line(("version  ", "dim"), f"trainer {s.trainer_version}  ·  generator {s.generator_version}"),
              _line(("groups   ", "dim"), f"running {s.groups_running}  ·  ready {s.groups_ready}")]
+    if s.episode:  # a multi-turn run: turns, observations, tools (calls, errors, mean latency)
+        e = s.episode
+        lines.append(_line(("episodes ", "dim"), f"{e.get('turns_mean', 0):.2f} turns  ·  "
+                           f"{e.get('obs_tokens_mean', 0):.1f} obs tok  ·  {e.get('episode_errors', 0):.0f} err"))
+        lines.append(_line(("tools    ", "dim"), f"{e.get('tool_calls', 0):.0f} calls  ·  "
+                           f"{e.get('tool_errors', 0):.0f} errors  ·  {e.get('tool_latency_mean', 0) * 1000:.0f} ms"))
     if not s.gpu_memory:
         return lines + [_line(("memory   ", "dim"), "CPU (no GPU memory to show)")]
     for name, used, total in s.gpu_memory:

@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+# The episodes' figures of a step row the dashboard shows (orchestrator/report.py `episode_figures`).
+EPISODE_KEYS = ("turns_mean", "obs_tokens_mean", "tool_calls", "tool_errors", "tool_latency_mean", "episode_errors")
+
 
 @dataclass
 class Snapshot:
@@ -59,6 +62,7 @@ class Snapshot:
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
     train_phases: dict[str, float] = field(default_factory=dict)  # seconds per phase of the last step
     gen_phases: dict[str, float] = field(default_factory=dict)  # generator seconds per phase, same interval
+    episode: dict[str, float] = field(default_factory=dict)  # episodes' figures of the last step (none: no episodes)
     world_size: int = 1  # torchrun ranks (cells); their busy fractions in the last step, rank order:
     gen_busy_ranks: list[float] = field(default_factory=list)
     train_busy_ranks: list[float] = field(default_factory=list)
@@ -139,6 +143,7 @@ class LiveState:
         sample = self.last_sample
         snap.completion, snap.completion_reward = sample.get("text"), sample.get("reward")
         snap.completion_step = sample.get("step", 0)
+        snap.episode = {k: row[k] for k in EPISODE_KEYS if row.get(k) is not None}
         snap.dropped_stale = row.get("groups_dropped_stale", 0)
         snap.rejected = row.get("groups_rejected", 0)
         snap.reward_failures = row.get("reward_failures", 0)

@@ -43,6 +43,9 @@ def plain_line(row: dict[str, Any], steps: int | None = None) -> str:
     gen_idle, train_idle = _num(row, "gen_idle_frac"), _num(row, "train_idle_frac")
     if gen_idle is not None or train_idle is not None:
         parts.append(f"idle gen {fmt(gen_idle, '.0%')} train {fmt(train_idle, '.0%')}")
+    if _num(row, "turns_mean") is not None:  # episodes
+        calls, errors = row.get("tool_calls", 0), row.get("tool_errors", 0)
+        parts.append(f"turns {row['turns_mean']:.2f} tools {calls} ({errors} err)")
     if row.get("dropped_stale"):
         parts.append(f"dropped {row['dropped_stale']}")
     if _num(row, "eval_pass_rate") is not None:

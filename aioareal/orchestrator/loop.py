@@ -117,6 +117,7 @@ class Orchestrator:
     async def run(self) -> None:
         self.t0 = asyncio.get_running_loop().time() - self.elapsed_before
         self._wake = asyncio.Event()
+        self.gen.on_work(self._wake.set)  # episodes' turns and finished groups arrive by themselves
         self._failure = asyncio.get_running_loop().create_future()
         if self.start_version == 0:  # step 0: the policy before any update
             metrics = await self._timed("train", self.train.evaluate())

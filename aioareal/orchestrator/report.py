@@ -8,7 +8,7 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from ..checkpoint import RunState
-from ..samples import Group
+from ..samples import MODEL, Group, Sample
 
 
 @dataclass
@@ -68,11 +68,25 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
         # Busy time can exceed the wall time by the clocks' granularity: clamp the idle share at 0.
         "gen_idle_frac": max(0.0, 1.0 - _ratio(gen_busy, wall)),
         "train_idle_frac": max(0.0, 1.0 - _ratio(train_busy, wall)),
-        **{k: v for k, v in counters.items() if k.startswith(("groups_", "reward_"))},
+        **{k: v for k, v in counters.items() if k.startswith(("groups_", "reward_", "episode_", "tool_"))},
+        **episode_figures(samples),
         **metrics,
         **{f"time_gen_{phase}": now.gen_phases.get(phase, 0.0) - before.gen_phases.get(phase, 0.0)
            for phase in now.gen_phases},
     }
+
+
+def episode_figures(samples: list[Sample]) -> dict[str, float]:
+    """Episodes' figures of a step (none for single completions): model turns per episode, tool calls,
+    tool errors and their mean latency in seconds, observation and model tokens per episode."""
+    if not any(s.completion.turns for s in samples):
+        return {}
+    calls = [call for s in samples for call in s.completion.tool_calls]
+    obs = [s.completion.obs_tokens for s in samples]
+    return {"turns_mean": fmean(sum(t.role == MODEL for t in s.completion.turns) for s in samples),
+            "tool_calls": len(calls), "tool_errors": sum(c.error is not None for c in calls),
+            "tool_latency_mean": fmean(c.seconds for c in calls) if calls else 0.0,
+            "obs_tokens_mean": fmean(obs), "model_tokens_mean": fmean(len(s.tokens) - o for s, o in zip(samples, obs))}
 
 
 PROMPT_TEXT_CHARS = 500  # a longer prompt is left out of the sample rows: find it by its prompt_id
@@ -106,7 +120,17 @@ def sample_rows(step: int, trained_version: int, groups: list[Group], now: float
         "prompt_id": g.example.uid if g.example else None,
         "prompt": _short_prompt(g, text_chars),
         "text": clip_text(s.completion.text, text_chars),
+        **_turns(s, text_chars),
     } for g in groups for s in g.samples]
+
+
+def _turns(sample: Sample, text_chars: int) -> dict[str, Any]:
+    """An episode's turns, each with its role and text (cut like `text`), and its tool calls."""
+    c = sample.completion
+    if not c.turns:
+        return {}
+    return {"turns": [{"role": t.role, "text": clip_text(t.text, text_chars)} for t in c.turns],
+            "tool_calls": [{"name": t.name, "seconds": round(t.seconds, 4), "error": t.error} for t in c.tool_calls]}
 
 
 def _short_prompt(group: Group, text_chars: int) -> str | None:

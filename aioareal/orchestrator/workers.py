@@ -31,6 +31,7 @@ class GenerationWorker(Protocol):
     phase_seconds: dict[str, float]  # running totals per phase (admit, prefill, decode, adopt, ...)
 
     def submit(self, group: Group) -> None: ...
+    def on_work(self, wake: Callable[[], None]) -> None: ...  # call wake() when work arrives by itself (episodes)
     def free_slots(self) -> int: ...
     @property
     def busy(self) -> bool: ...
@@ -76,6 +77,9 @@ class EngineWorker:
 
     def submit(self, group: Group) -> None:
         self.engine.submit(group)
+
+    def on_work(self, wake: Callable[[], None]) -> None:
+        """Its work arrives only through `submit`: nothing to wake for."""
 
     def free_slots(self) -> int:
         return len(self.engine.free) - sum(g.size for g in self.engine.waiting)

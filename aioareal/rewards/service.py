@@ -95,7 +95,7 @@ class RewardService:
             completion.text = text
         return scores
 
-    async def score(self, completions: list[list[int]], examples: Sequence[Any],
+    async def score(self, completions: list[list[int]] | list[str], examples: Sequence[Any],
                     decoded: list[list[str]] | None = None) -> tuple[list[float], int]:
         """Scores for a group's completions and the number of them whose check failed (scored 0).
         `decoded` receives the texts as its one element once stage 1 decoded them (a call that times
@@ -123,7 +123,7 @@ class RewardService:
             self._slots, self._slots_loop = asyncio.Semaphore(self.workers), loop
         return self._slots
 
-    async def _in_process(self, completions: list[list[int]], examples: list[Any],
+    async def _in_process(self, completions: list[list[int]] | list[str], examples: list[Any],
                           decoded: list[list[str]] | None) -> Any:
         """The scorer's result, or an Outcome when it timed out or raised."""
         loop = asyncio.get_running_loop()
@@ -149,9 +149,11 @@ class RewardService:
                 self.stats.hung = len(self._abandoned)
             return Outcome("timeout", message=f"scorer still running after {self.timeout_s}s")
 
-    def _run_scorer(self, completions: list[list[int]], examples: list[Any], decoded: list[list[str]] | None) -> Any:
+    def _run_scorer(self, completions: list[list[int]] | list[str], examples: list[Any],
+                    decoded: list[list[str]] | None) -> Any:
         try:
-            texts = [self.decode(c) for c in completions]
+            # Token ids are decoded here, off the loop; an episode's final answer comes as its text.
+            texts = [c if isinstance(c, str) else self.decode(c) for c in completions]
             if decoded is not None:  # one append, atomic under the GIL: the loop sees no texts or all of them
                 decoded.append(texts)
             value = self.scorer(texts, examples)

@@ -63,6 +63,7 @@ class Prompts:
     train: list[Example]
     train_ids: dict[str, list[int]]  # example uid -> prompt token ids
     eval_set: EvalSet
+    chat: bool = False  # rendered through the chat template (an episode's observations are too)
 
 
 def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Prompts:
@@ -70,10 +71,11 @@ def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Pr
     chat = data.task.chat if d.chat_template is None else d.chat_template
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
     train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
+    chat = chat and d.prompt_template is None  # what the renderer does: a raw template wins
     if not data.held_out:
-        return Prompts(train, train_ids, EvalSet([], []))
+        return Prompts(train, train_ids, EvalSet([], []), chat)
     held_out, ids = encode_prompts(data.held_out, renderer, d.max_prompt_tokens, d.skip_bad_rows, "held-out", log)
-    return Prompts(train, train_ids, EvalSet(held_out, [ids[e.uid] for e in held_out]))
+    return Prompts(train, train_ids, EvalSet(held_out, [ids[e.uid] for e in held_out]), chat)
 
 
 def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int, skip_bad: bool,

@@ -15,16 +15,19 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from ..config import Config
+from ..config import Config, ToolsConfig
+from ..episodes import codec_for, load_episode
+from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
 from ..models import eos_token_ids, random_model
 from ..models.shapes import SHAPES
 from ..models.tokenizer import build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
+from ..tasks.base import Example
 from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
@@ -37,7 +40,13 @@ def cache_root() -> Path:
 
 def cache_key(config: Config) -> str:
     d = config.data
-    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=asdict(config.warmup), digits=config.arithmetic.digits,
+    warmup = asdict(config.warmup)
+    later = (("ops", ""), ("digits", 0), ("calls", False), ("extra_ops", ""), ("extra_digits", 1),
+             ("extra_calls", 0.0))
+    for key, default in later:  # fields added later: at their defaults the old keys stay valid
+        if warmup[key] == default:
+            del warmup[key]
+    spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=warmup, digits=config.arithmetic.digits,
                 ops=config.arithmetic.ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -61,31 +70,33 @@ def ensure_tiny(config: Config, log=print) -> Path:
 
 
 def train_tiny(config: Config, out: Path, log=print) -> dict:
-    w, d = config.warmup, config.data
+    w = config.warmup
     rng = random.Random(0)
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
-    task = ArithmeticTask(config.arithmetic.digits, config.arithmetic.ops, d.eval_size, d.shuffle_seed)
-    train, held_out = task.splits()
+    task = ArithmeticTask(ops=config.warmup.ops or config.arithmetic.ops)  # its exact-match verdict
+    train, held_out = warmup_examples(config)
+    extra = extra_examples(config)
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    eval_set = EvalSet(held_out, [encode(e.prompt) for e in held_out])
-    eos = eos_token_ids(model, tokenizer)
+    evaluate_now = _evaluator(config, task, EvalSet(held_out, [encode(e.prompt) for e in held_out]), tokenizer,
+                              eos_token_ids(model, tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
     start, pass_rate, step = time.time(), 0.0, 0
     for step in range(1, w.max_steps + 1):
-        batch = rng.sample(train, w.batch_size)
-        loss = _sft_loss(model, [encode(e.prompt) for e in batch],
-                         [encode(e.answer) + [tokenizer.eos_token_id] for e in batch])
+        k = w.batch_size // 4 if extra else 0  # warmup.extra_ops: a quarter of the batch
+        batch = rng.sample(train, w.batch_size - k) + rng.choices(extra, k=k)
+        calls = [w.calls] * (w.batch_size - k) + [w.calls and rng.random() < w.extra_calls for _ in range(k)]
+        answers = [_answer(e, c, encode, tokenizer.eos_token_id) for e, c in zip(batch, calls)]
+        loss = _sft_loss(model, [encode(e.prompt) for e in batch], [a for a, _ in answers], [t for _, t in answers])
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         if step % EVAL_EVERY == 0:
-            decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-            pass_rate = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
+            pass_rate = evaluate_now(model)
             if pass_rate >= w.target_pass_rate:
                 break
     model.save_pretrained(out)
@@ -95,15 +106,86 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     return summary
 
 
-def _sft_loss(model, prompts: list[list[int]], answers: list[list[int]]) -> torch.Tensor:
-    """Mean next-token loss on the answer tokens only (the prompt is context, not a target)."""
+def warmup_examples(config: Config, pool: int = 50_000) -> tuple[list[Example], list[Example]]:
+    """The warm-start's training and held-out examples. With warmup.digits: warmup.ops (or the task's)
+    on operands of 1 to warmup.digits digits, each length equally likely, so that a call learns to copy
+    numbers of any length (not only the longest, which uniform draws give nine times in ten), and
+    results as long as the task's; without it, the task's own splits."""
+    w, d, a = config.warmup, config.data, config.arithmetic
+    ops = w.ops or a.ops
+    if not w.digits:
+        return ArithmeticTask(a.digits, ops, d.eval_size, d.shuffle_seed).splits()
+    rng = random.Random(d.shuffle_seed)
+    seen: dict[tuple[int, str, int], None] = {}  # distinct triples, in the order drawn
+    for _ in range(4 * pool):  # bounded: few digits have fewer than `pool` distinct triples
+        op = rng.choice(ops)
+        seen[(_operand(rng, w.digits), op, _operand(rng, w.digits, nonzero=op == "%"))] = None
+        if len(seen) == pool:
+            break
+    examples = [ArithmeticTask.example(*t) for t in seen]
+    return examples[d.eval_size:], examples[: d.eval_size]
+
+
+def extra_examples(config: Config, pool: int = 20_000) -> list[Example]:
+    """warmup.extra_ops with one operand of 1 to warmup.extra_digits digits and the other of 1 to
+    warmup.digits (the task's digits without it), in either order (12345*67, 67*12345): an operation
+    the warm-start teaches on short operands only."""
+    w = config.warmup
+    if not w.extra_ops:
+        return []
+    rng = random.Random(config.data.shuffle_seed + 1)
+    examples = []
+    for _ in range(pool):
+        op = rng.choice(w.extra_ops)
+        long, short = _operand(rng, w.digits or config.arithmetic.digits), _operand(rng, w.extra_digits, op == "%")
+        examples.append(ArithmeticTask.example(*((long, op, short) if rng.random() < 0.5 or op == "%"
+                                                 else (short, op, long))))
+    return examples
+
+
+def _operand(rng: random.Random, digits: int, nonzero: bool = False) -> int:
+    n = rng.randint(1, digits)  # the length first: every length equally likely
+    return rng.randrange(max(10 ** (n - 1) if n > 1 else 0, int(nonzero)), 10 ** n)
+
+
+def _answer(example, calls: bool, encode, eos: int) -> tuple[list[int], list[bool]]:
+    """What the model learns to write after the prompt, and which tokens it is taught (the calculator's
+    result is an observation: context, never a target). With `calls`, the calculator episode's raw
+    format (episodes/builtin.py): 23+45=[23+45]{68}68<eos>"""
+    if not calls:
+        ids = encode(example.answer) + [eos]
+        return ids, [True] * len(ids)
+    segments = [(encode(f"{RAW_CALL}{example.prompt.rstrip('=')}{RAW_END}"), True),
+                (encode(RAW_RESULT.format(example.answer)), False), (encode(example.answer) + [eos], True)]
+    return [t for ids, _ in segments for t in ids], [m for ids, m in segments for _ in ids]
+
+
+def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenizer, eos: list[int]):
+    """Held-out greedy pass rate: single completions, or with warmup.calls the calculator episode with
+    its tool (no simulated latency: the warm-start's clock is not the experiment's)."""
+    if not config.warmup.calls:
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return lambda model: evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
+    from .episodes import EpisodeSetup, evaluate_episodes
+
+    quiet = replace(config, tools=ToolsConfig())
+    setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), quiet, lambda _: None)
+    budget = config.generation.max_new_tokens
+    return lambda model: evaluate_episodes(setup, model, eval_set, task.score, eos, budget)["eval_pass_rate"]
+
+
+def _sft_loss(model, prompts: list[list[int]], answers: list[list[int]],
+              taught: list[list[bool]] | None = None) -> torch.Tensor:
+    """Mean next-token loss on the answer tokens only (the prompt is context, not a target; so are
+    the answer's tokens `taught` marks False: a tool's result)."""
     rows = [p + a for p, a in zip(prompts, answers)]
     width = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     target_mask = torch.zeros(len(rows), width - 1)
     for i, (p, r) in enumerate(zip(prompts, rows)):
         ids[i, : len(r)] = torch.tensor(r)
-        target_mask[i, len(p) - 1: len(r) - 1] = 1
+        mask = [1.0] * (len(r) - len(p)) if taught is None else [float(m) for m in taught[i]]
+        target_mask[i, len(p) - 1: len(r) - 1] = torch.tensor(mask)
     logits = model(ids).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return -(logp * target_mask).sum() / target_mask.sum()

@@ -42,6 +42,9 @@ class QueuedSequences:
     def in_flight(self) -> int:
         return len(self.running)
 
+    def on_work(self, wake: Callable[[], None]) -> None:
+        """Work arrives only through `submit`."""
+
 
 class SimulatedGenerator(QueuedSequences):
     """Decode step time = base + per_seq * running sequences (memory-bound decode)."""

@@ -1,4 +1,4 @@
-"""Synthetic arithmetic, generated in code, in two styles:
+"""Synthetic arithmetic (+, -, * and %, the remainder), generated in code, in two styles:
 
   raw   '23+45=' -> '68', exact match: the tiny model's format (no chat template)
   chat  'What is 23 + 45? Put the final answer in \\boxed{}.' through the chat template, graded by
@@ -15,7 +15,7 @@ import random
 from .base import Example
 from .verify import Deferred, grade, grade_now
 
-OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "%": lambda a, b: a % b}
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
 
@@ -35,12 +35,15 @@ class ArithmeticTask:
         top = 10 ** self.digits
         space = top * top * len(self.ops)
         if space <= self.max_pool:
-            triples = [(a, op, b) for op in self.ops for a, b in itertools.product(range(top), repeat=2)]
+            triples = [(a, op, b) for op in self.ops for a, b in itertools.product(range(top), repeat=2)
+                       if b or op != "%"]
             rng.shuffle(triples)
         else:  # too many to enumerate: sample distinct triples
             seen: set[tuple[int, str, int]] = set()
             while len(seen) < self.max_pool:
-                seen.add((rng.randrange(top), rng.choice(self.ops), rng.randrange(top)))
+                a, op, b = rng.randrange(top), rng.choice(self.ops), rng.randrange(top)
+                if b or op != "%":  # no remainder of a division by zero
+                    seen.add((a, op, b))
             triples = sorted(seen)
             rng.shuffle(triples)
         examples = [self.example(a, op, b, self.style) for a, op, b in triples]

@@ -6,6 +6,7 @@ a `Task` yields `Example`s for a training and a held-out split and scores comple
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -56,9 +57,31 @@ class PromptRenderer:
                                 f"(fields: {', '.join(example.row)})") from None
         if not self.chat:
             return example.prompt
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        # A row may bring its own system prompt and tools (JSON schemas, or a JSON string of them) for
+        # the chat template; a template that does not render tools ignores them.
+        system = example.row.get("system") or self.system_prompt
+        messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": example.prompt})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        tools = _row_tools(example)
+        extra = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
     def ids(self, example: Example) -> list[int]:
         return self.tokenizer.encode(self.text(example), add_special_tokens=False)
+
+
+def _row_tools(example: Example) -> list[dict[str, Any]] | None:
+    """The row's `tools` column: a list of JSON schemas (or that list as a JSON string); None if absent."""
+    tools = example.row.get("tools")
+    if not tools:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise UserError(f"row {example.uid}: its 'tools' column is not JSON (expected a list of tool schemas, e.g. "
+                            '[{"type": "function", "function": {"name": "calculator", ...}}])') from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise UserError(f"row {example.uid}: its 'tools' column must be a list of tool schemas (dicts), got "
+                        f"{type(tools).__name__}")
+    return tools

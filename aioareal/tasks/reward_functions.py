@@ -18,24 +18,20 @@ wrong signature or return value is a one-line error instead.
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import sys
 import threading
-import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
 from .base import Example, Task
+from .imports import first_line as _first_line
+from .imports import resolve_spec
+from .imports import user_frame as _user_frame
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns
@@ -187,53 +183,7 @@ def load_reward_functions(specs: list[str]) -> list[RewardFunction]:
 
 
 def resolve(spec: str) -> Any:
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise RewardFunctionError(f"reward function '{spec}': expected 'package.module:function' or "
-                                  f"'path/to/file.py:function'")
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
-    module = _import_file(spec, target) if is_file else _import_module(spec, target)
-    try:
-        return functools.reduce(getattr, attr.split("."), module)
-    except AttributeError:
-        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                 and getattr(v, "__module__", None) == module.__name__]
-        raise RewardFunctionError(f"reward function '{spec}': '{target}' has no attribute '{attr}' "
-                                  f"(its functions: {', '.join(names) or 'none'})") from None
-
-
-def _import_module(spec: str, name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and (name == e.name or name.startswith(e.name + ".")):
-            raise RewardFunctionError(
-                f"reward function '{spec}': no module named '{e.name}' (is its directory on PYTHONPATH? "
-                f"or give a file: 'path/to/{name.split('.')[-1]}.py:function')") from None
-        raise RewardFunctionError(f"reward function '{spec}': importing '{name}' failed: {_first_line(e)}") from None
-    except Exception as e:
-        raise RewardFunctionError(f"reward function '{spec}': importing '{name}' failed: "
-                                  f"{type(e).__name__}: {_first_line(e)}{_user_frame(e)}") from None
-
-
-def _import_file(spec: str, target: str) -> Any:
-    path = Path(target).expanduser().resolve()
-    if not path.is_file():
-        raise RewardFunctionError(f"reward function '{spec}': no such file {target}")
-    name = f"aioareal_rewards_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses and pickling look the module up by name
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise RewardFunctionError(f"reward function '{spec}': loading {target} failed: "
-                                  f"{type(e).__name__}: {_first_line(e)}{_user_frame(e)}") from None
-    return module
+    return resolve_spec(spec, "reward function", RewardFunctionError)
 
 
 def _checked(spec: str, fn: Any) -> RewardFunction:
@@ -254,15 +204,3 @@ def _checked(spec: str, fn: Any) -> RewardFunction:
                                   f"keyword arguments: expected {TRL_SIGNATURE}")
     required = {p.name for p in params if p.kind in _KEYWORD and p.default is p.empty} - {"completions"}
     return RewardFunction(spec, fn, None if var_kw else frozenset(names), frozenset(required))
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0]
-
-
-def _user_frame(e: BaseException) -> str:
-    """' (at file.py:12)': the innermost frame of the traceback, where the user's code went wrong."""
-    if isinstance(e, SyntaxError) and e.filename:
-        return f" (at {e.filename}:{e.lineno})"
-    frames = traceback.extract_tb(e.__traceback__)
-    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""

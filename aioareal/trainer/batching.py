@@ -130,9 +130,11 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
     before = [[0.0] * (len(s.prompt_ids) - 1) for s in samples]  # targets that are prompt tokens
     after = [[0.0] * (width - len(r)) for r in rows]  # padding
     shape = (len(rows), width - 1)
-    mask = torch.tensor([[False] * len(b) + [True] * len(s.tokens) + [False] * len(a)
-                         for s, b, a in zip(samples, before, after)], dtype=torch.bool).reshape(shape)
-    behav = torch.tensor([b + s.completion.logprobs + a for s, b, a in zip(samples, before, after)],
+    # Episodes: observation tokens are targets of no loss term (DESIGN rule 9); None: all the model's.
+    models = [s.completion.model_mask() for s in samples]
+    mask = torch.tensor([[False] * len(b) + ([True] * len(s.tokens) if m is None else m) + [False] * len(a)
+                         for s, b, a, m in zip(samples, before, after, models)], dtype=torch.bool).reshape(shape)
+    behav = torch.tensor([b + _model_logprobs(s, m) + a for s, b, a, m in zip(samples, before, after, models)],
                          dtype=torch.float32).reshape(shape)
     versions = torch.tensor([b + [float(v) for v in s.completion.versions] + a
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
@@ -143,11 +145,18 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
     prefix_tree = build_tree(samples, pad_id, planned=taken[0]) if taken else None
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
-                      completion_tokens=sum(len(s.tokens) for s in samples),
+                      completion_tokens=sum(len(s.tokens) if m is None else sum(m) for s, m in zip(samples, models)),
                       share=share_to(build_share(samples, pad_id), device) if share and not prefix_tree else None,
                       varlen=(varlen_to(build_varlen(samples), device) if varlen and not share and not prefix_tree
                               else None),
                       tree=tree_to(prefix_tree, device) if prefix_tree else None)
+
+
+def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
+    """The behaviour log-probs, 0 at observation positions: their NaN placeholders must not reach a
+    tensor that is multiplied by the mask (NaN * 0 is NaN)."""
+    logprobs = sample.completion.logprobs
+    return logprobs if model is None else [lp if m else 0.0 for lp, m in zip(logprobs, model)]
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,

@@ -21,7 +21,8 @@ Layout, all built on the host with the micro-batch (no device reads):
   pair_node, pair_target (u,): each distinct (prefix, next token) pair the loss needs: the flat
     index (row * T + node) of the prefix's last node and the token it predicts. Identical
     completions give one pair per token, so the LM head and log-softmax also run once for them;
-  pair_index (n,): each completion token, in loss_mask's row-major order -> its pair.
+  pair_index (n,): each completion token, in loss_mask's row-major order -> its pair (an episode's
+    observation tokens are nodes, context for what follows, but predict no pair: no loss term).
 
 Where the shared-prompt or padded layout computes about as few positions, this one is not used
 (`worthwhile_plan`): its mask costs (T, T) per row, where the others are plain causal attention.
@@ -180,7 +181,10 @@ def _pairs(samples: list[Sample], paths: list[tuple[int, list[int]]],
     for s, (r, path) in zip(samples, paths):
         seq = s.prompt_ids + s.tokens
         first = len(s.prompt_ids) - 1  # the prompt's last token predicts the completion's first
+        model = s.completion.model_mask()  # episodes: observation tokens are inputs, never targets
         for t in range(first, len(seq) - 1):
+            if model is not None and not model[t - first]:
+                continue
             key = (r * width + path[t], seq[t + 1])
             pair = pairs.get(key)
             if pair is None:

@@ -14,7 +14,9 @@ more: README, Performance).
 Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   prompts (g, P) right-padded, the distinct prompts; `row_prompt` (b,) picks row i's;
   inputs (b, C): c_i[:-1] right-padded, at positions P_i .. P_i + n_i - 2;
-  targets (b, C + 1): c_i, predicted by p_i's last position and then by each input in turn.
+  targets (b, C + 1): c_i, predicted by p_i's last position and then by each input in turn;
+    `target_mask` keeps the model's tokens only (an episode's observation tokens are inputs, with
+    `input_mask` set, but predict nothing: no loss term).
 """
 from __future__ import annotations
 
@@ -51,10 +53,21 @@ def build_share(samples: list[Sample], pad_id: int) -> PromptShare:
     prompt_mask = torch.tensor([[1] * len(p) + [0] * (p_width - len(p)) for p in prompts], dtype=torch.long)
     targets = torch.tensor([s.tokens + [pad_id] * (c_width - len(s.tokens)) for s in samples], dtype=torch.long)
     lengths = torch.tensor([len(s.tokens) for s in samples])
-    target_mask = torch.arange(c_width)[None, :] < lengths[:, None]  # (b, C + 1)
+    present = torch.arange(c_width)[None, :] < lengths[:, None]  # (b, C + 1): a token, not padding
+    target_mask = present & _model_tokens(samples, c_width)
     return PromptShare(prompt_ids, prompt_mask, torch.tensor(row_prompt, dtype=torch.long),
                        torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long),
-                       targets[:, :-1], target_mask[:, 1:].long(), targets, target_mask)
+                       targets[:, :-1], present[:, 1:].long(), targets, target_mask)
+
+
+def _model_tokens(samples: list[Sample], width: int) -> torch.Tensor:
+    """(b, width) bool: False at episodes' observation tokens, which are inputs (attended to) but
+    never targets; True elsewhere (padding is excluded by the caller)."""
+    models = [s.completion.model_mask() for s in samples]
+    if all(m is None for m in models):
+        return torch.ones(1, width, dtype=torch.bool)
+    return torch.tensor([(m or [True] * len(s.tokens)) + [True] * (width - len(s.tokens))
+                         for s, m in zip(samples, models)], dtype=torch.bool)
 
 
 def share_to(share: PromptShare, device: torch.device) -> PromptShare:

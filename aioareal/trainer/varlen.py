@@ -57,7 +57,9 @@ def build_varlen(samples: list[Sample]) -> VarlenRows:
         # Position t predicts token t + 1: the completion's tokens are predicted from the prompt's
         # last position on.
         first = start + len(s.prompt_ids) - 1
-        targets.extend(range(first, first + len(s.tokens)))
+        model = s.completion.model_mask()  # episodes: observation tokens are no target
+        targets.extend(range(first, first + len(s.tokens)) if model is None
+                       else (first + j for j, m in enumerate(model) if m))
     return VarlenRows(torch.tensor([ids], dtype=torch.long), torch.tensor([positions], dtype=torch.long),
                       torch.tensor(starts, dtype=torch.int32),
                       max(len(s.prompt_ids) + len(s.tokens) for s in samples), torch.tensor(targets, dtype=torch.long))

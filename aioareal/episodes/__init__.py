@@ -1,0 +1,10 @@
+"""Multi-turn episodes (DESIGN rule 9): an episode is a coroutine that asks the generator for model
+turns, appends the world's answers as observation tokens, and returns its reward."""
+from .builtin import BUILTIN
+from .codec import Codec, codec_for
+from .handle import EpisodeContext, EpisodeGen, ModelTurn, Scorer
+from .queue import TurnQueue
+from .runner import Episode, EpisodeRunner, EpisodeStats, load_episode
+
+__all__ = ["BUILTIN", "Codec", "Episode", "EpisodeContext", "EpisodeGen", "EpisodeRunner", "EpisodeStats",
+           "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode"]

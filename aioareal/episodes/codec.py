@@ -1,0 +1,69 @@
+"""Text <-> tokens for episodes: what a model turn says, and how the world's answer is written.
+
+With raw prompts (the tiny model's `347*582=`) an observation is appended as its text. With chat
+prompts it is written as the tokenizer's chat template writes a message of its role: the template
+renders [user, assistant(SENTINEL), {role: text}] with the generation prompt, and what follows
+the sentinel is the observation: the assistant turn's end, the tool's message, the next assistant
+header (for SmolLM2: `<|im_end|>\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n`).
+Where the model's own turn already ended with that end (it stopped at EOS), the overlap is not
+written twice. A template that cannot render a role (it raises) falls back to role "user", then
+to the raw text; `check` tries both at build time, so a run says which up front.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SENTINEL = "\x00aioareal-turn\x00"
+
+
+@dataclass
+class Codec:
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]  # a turn's text as the episode reads it (special tokens dropped)
+    decode_raw: Callable[[list[int]], str]  # special tokens kept: stop strings, the template's overlap
+    template: Any | None = None  # the tokenizer, where observations go through its chat template
+
+    def observation(self, text: str, role: str, before: str) -> str:
+        """The observation's text to tokenize; `before`: the last model turn's raw text."""
+        if self.template is None:
+            return text
+        framed = self._framed(text, role) or self._framed(text, "user")
+        if framed is None:
+            return text
+        return framed[_overlap(before, framed):]
+
+    def _framed(self, text: str, role: str) -> str | None:
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
+                    {"role": role, "content": text}]
+        try:
+            rendered = self.template.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception:  # a template that refuses this role (jinja raise_exception): the next fallback
+            return None
+        at = rendered.find(SENTINEL)
+        return None if at < 0 else rendered[at + len(SENTINEL):]
+
+    def check(self, role: str = "tool") -> str:
+        """How observations of `role` will be written: "template", "template as user" or "raw"."""
+        if self.template is None:
+            return "raw"
+        if self._framed("1", role) is not None:
+            return "template"
+        return "template as user" if self._framed("1", "user") is not None else "raw"
+
+
+def _overlap(before: str, framed: str) -> int:
+    """The longest start of `framed` that `before` already ends with (an end-of-turn the model wrote)."""
+    for k in range(min(len(before), len(framed)), 0, -1):
+        if before.endswith(framed[:k]):
+            return k
+    return 0
+
+
+def codec_for(tokenizer: Any, chat: bool) -> Codec:
+    """The codec of a run whose prompts use the chat template (`chat`) or not."""
+    return Codec(encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                 decode_raw=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                 template=tokenizer if chat and getattr(tokenizer, "chat_template", None) else None)

@@ -1,0 +1,123 @@
+"""Running a group's episodes: G coroutines of one example, each filling its sample (DESIGN rule 9).
+
+An episode is any async callable `episode(example, gen) -> float | None` (a function, or a class
+instantiated once with no arguments whose instances are such callables), named by import path
+like reward functions (`data.episode=path/to/env.py:my_episode`). It returns its reward, or None
+for the task's verdict on its last model turn. Whatever an episode does wrong is counted
+(`episode_errors`) and scores 0, and the run goes on: it raises, runs past `timeout_s`, returns
+something that is not a finite number, or ends without a single model turn (that sample is then
+given one one-token turn, so that its record holds a model token like every other).
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UserError
+from ..samples import MODEL, Group
+from ..tasks.imports import resolve_spec
+from .handle import EpisodeContext, EpisodeGen
+
+Episode = Callable[[Any, EpisodeGen], Awaitable[float | None]]
+
+
+@dataclass
+class EpisodeStats:
+    episodes: int = 0
+    errors: int = 0  # raised, timed out, returned garbage or took no turn (scored 0)
+
+    def metrics(self) -> dict[str, int]:
+        return {"episode_errors": self.errors}
+
+
+class EpisodeRunner:
+    def __init__(self, episode: Episode, ctx: EpisodeContext, timeout_s: float = 300.0, name: str = "episode",
+                 log: Callable[[str], None] | None = None) -> None:
+        self.episode, self.ctx, self.timeout_s, self.name = episode, ctx, timeout_s, name
+        self.stats = EpisodeStats()
+        self.log = log or (lambda line: print(line, file=sys.stderr))
+        self._reported = False  # the first failure's traceback is shown; later ones only counted
+
+    async def run_group(self, group: Group) -> tuple[list[float], int]:
+        """Run the group's G episodes to their ends; (rewards, failures), the rewards also on the samples."""
+        group.start_samples()
+        outcomes = await asyncio.gather(*(self._one(EpisodeGen(group, i, self.ctx)) for i in range(group.size)))
+        rewards = [r for r, _ in outcomes]
+        for sample, reward in zip(group.samples, rewards):
+            sample.reward = reward
+        return rewards, sum(f for _, f in outcomes)
+
+    async def _one(self, gen: EpisodeGen) -> tuple[float, int]:
+        self.stats.episodes += 1
+        try:
+            value = await asyncio.wait_for(self._reward(gen), self.timeout_s)
+            failed = gen.score_failures
+        except asyncio.TimeoutError:
+            value, failed = self._failed(gen, f"ran past its timeout of {self.timeout_s}s"), 1
+        except _OwnTimeout as e:
+            value, failed = self._failed(gen, f"raised {e}", e.__cause__), 1
+        except Exception as e:  # the user's code: counted, scored 0, the run goes on
+            value, failed = self._failed(gen, f"raised {type(e).__name__}: {e}", e), 1
+        await gen.settle()  # a turn it stopped waiting for still writes into its record
+        if not any(t.end > t.start for t in gen.completion.turns if t.role == MODEL):
+            await self._one_token(gen)
+            if not failed:
+                value, failed = self._failed(gen, "ended without a model turn"), 1
+        gen.completion.text = gen.text
+        return value, failed
+
+    async def _reward(self, gen: EpisodeGen) -> float:
+        try:
+            value = await self.episode(gen.example, gen)
+        except asyncio.TimeoutError as e:  # the episode's own (its wait_for): not the runner's timeout
+            raise _OwnTimeout(f"{type(e).__name__}: {e}") from e
+        if value is None:  # the task's verdict on the last model turn
+            last = next((t for t in reversed(gen.completion.turns) if t.role == MODEL), None)
+            return await gen.score(last.text if last else "")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"returned {value!r}, expected a finite number (the reward) or None")
+        return float(value)
+
+    async def _one_token(self, gen: EpisodeGen) -> None:
+        if gen.room <= 0:  # the observations filled the budget: nothing can be sampled
+            return
+        await gen.turn(max_tokens=1)
+
+    def _failed(self, gen: EpisodeGen, what: str, error: BaseException | None = None) -> float:
+        self.stats.errors += 1
+        if not self._reported:
+            self._reported = True
+            where = "".join(traceback.format_exception(error)) if error is not None else ""
+            self.log(f"{self.name} {what} (scored 0 and counted in episode_errors; only this first failure is "
+                     f"shown)\n{where}".rstrip())
+        return 0.0
+
+
+class _OwnTimeout(Exception):
+    """A TimeoutError the episode raised itself, told apart from the runner's own timeout."""
+
+
+def load_episode(spec: str) -> Episode:
+    """`data.episode`: a built-in name, or 'path/to/file.py:name' / 'package.module:name'."""
+    from .builtin import BUILTIN
+
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    target = resolve_spec(spec, "episode")
+    if inspect.isclass(target):
+        try:
+            target = target()
+        except Exception as e:
+            raise UserError(f"episode '{spec}': {target.__name__}() raised {type(e).__name__}: {e} (a class "
+                            "episode is made once, with no arguments)") from None
+    call = getattr(target, "__call__", None)  # noqa: B004 -- a class instance's coroutine method counts too
+    if not (inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(call)):
+        raise UserError(f"episode '{spec}' is not an async function (async def episode(example, gen) -> float | "
+                        f"None), nor a class whose instances are; built in: {', '.join(BUILTIN)}")
+    return target

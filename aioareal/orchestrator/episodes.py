@@ -1,0 +1,111 @@
+"""The generator for episodes (DESIGN rule 9): the engine's worker thread, driven by the turns the
+episodes ask for. It keeps the GenerationWorker contract, so admission, the oldest-first buffer and
+staleness work exactly as for single completions: a group is G episodes of one example, handed back
+when the last one has returned.
+
+`submit` starts the group's episodes (coroutines on the event loop); `step` hands their asks to the
+engine (between two engine steps, on the loop's thread, while the engine's thread is idle), runs one
+engine step on that thread, and wakes the episodes whose turns ended. While every episode waits on
+the world (a tool, a user), the engine has nothing to do: `busy` is False and the orchestrator
+waits until an episode asks for a turn or a group finishes (`on_work`), instead of spinning. Busy
+time is the engine's alone, so `gen_idle_frac` shows how long the generator waited on the world.
+
+Slots: a group's episodes that have not asked for their first turn yet hold its G places
+(`free_slots`), so async admission does not over-admit in the moment before they start; later
+turns take a slot only while they decode. `in_flight` counts sequences in the engine and episodes
+under way, so sync and one-step adopt a new version only between batches, as they do for groups.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..episodes import EpisodeRunner, TurnQueue
+from ..episodes.queue import Ask
+from ..samples import Group
+from .workers import EngineWorker
+
+
+class EpisodeWorker:
+    def __init__(self, inner: EngineWorker, runner: EpisodeRunner, queue: TurnQueue) -> None:
+        self.inner, self.runner, self.queue = inner, runner, queue
+        self.engine = inner.engine
+        self.active: dict[int, asyncio.Task] = {}  # group id -> its episodes
+        self.groups: dict[int, Group] = {}
+        self.done: list[Group] = []  # finished groups not yet handed back
+        self.unasked: dict[int, int] = {}  # group id -> its episodes that have not asked for a turn yet
+        self._wake: Callable[[], None] = lambda: None
+        queue.on_ask = self._on_ask
+
+    # -- the GenerationWorker contract -----------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.inner.tokens_generated
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        return self.inner.phase_seconds
+
+    def on_work(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+
+    def submit(self, group: Group) -> None:
+        self.groups[group.group_id] = group
+        self.unasked[group.group_id] = group.size
+        task = asyncio.get_running_loop().create_task(self._run(group), name=f"episodes-{group.group_id}")
+        self.active[group.group_id] = task
+
+    def free_slots(self) -> int:
+        return self.inner.free_slots() - self.queue.pending_sequences - sum(self.unasked.values())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.done or self.queue.pending or self.engine.busy)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.engine.running) + sum(1 for g in self.groups.values() for s in g.samples if s.tokens)
+
+    async def step(self, adopt: bool) -> list[Group]:
+        self.queue.feed(self.engine.submit_turn)
+        if self.engine.busy:
+            # The turns are read on the loop's thread once the engine's has returned: no step runs now.
+            await self.inner.step(adopt)
+            self.queue.resolve(self.engine.take_turns())
+        done, self.done = self.done, []
+        return done
+
+    # -- episodes ----------------------------------------------------------------------------------
+    async def _run(self, group: Group) -> None:
+        try:
+            rewards, failures = await self.runner.run_group(group)
+            group.reward_failures = failures
+        finally:
+            self.active.pop(group.group_id, None)
+            self.groups.pop(group.group_id, None)
+            self.unasked.pop(group.group_id, None)
+        self.done.append(group)
+        self._wake()
+
+    def _on_ask(self, ask: Ask) -> None:
+        if ask.first and ask.group.group_id in self.unasked:  # its place turns into a pending ask
+            self.unasked[ask.group.group_id] -= 1
+        self._wake()
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative episode and tool counts for the metrics row."""
+        return {**self.runner.stats.metrics(), **self.runner.ctx.tools.stats.metrics()}
+
+    def close(self) -> None:
+        for task in self.active.values():
+            task.cancel()
+        self.inner.close()
+
+
+async def stored_rewards(group: Group) -> tuple[list[float], int]:
+    """The orchestrator's scorer for episodes: they have scored themselves (runner.run_group)."""
+    return group.rewards, group.reward_failures

@@ -1,0 +1,105 @@
+"""Episodes in a run (data.episode, tools.*): what setup builds for them, the generator that drives
+their turns in training, and the held-out evaluation of greedy episodes with the same tools."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from ..config import Config
+from ..episodes import Codec, Episode, EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
+from ..episodes.local import drive
+from ..errors import ConfigError
+from ..generation import Engine, SamplingParams
+from ..orchestrator.episodes import EpisodeWorker
+from ..orchestrator.workers import EngineWorker
+from ..rewards.service import RewardService
+from ..samples import Group
+from ..tasks.base import Example
+from ..tools import ToolBox, build_toolbox
+from .evaluation import EvalSet
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class EpisodeSetup:
+    spec: str  # data.episode as configured
+    episode: Episode
+    codec: Codec
+    config: Config
+    log: Log = print  # where an episode's first failure is shown
+
+    def toolbox(self, seed_offset: int = 0) -> ToolBox:
+        """A box of the configured tools with counters of its own (training and evaluation keep apart)."""
+        t = self.config.tools
+        return build_toolbox(t.names, t.functions, t.timeout_s, t.latency_ms, self.config.run.seed + seed_offset)
+
+    def runner(self, queue: TurnQueue, tools: ToolBox, score: Any, budget: int,
+               log: Log | None = None) -> EpisodeRunner:
+        ctx = EpisodeContext(queue, self.codec, tools, score, budget, self.config.tools.max_calls)
+        return EpisodeRunner(self.episode, ctx, self.config.data.episode_timeout_s, f"episode '{self.spec}'",
+                             log or self.log)
+
+
+def episode_setup(config: Config, tokenizer: Any, chat: bool, ranks: int, log: Log) -> EpisodeSetup | None:
+    """The run's episodes, or None for single completions; every problem is a one-line error now."""
+    spec = config.data.episode
+    if spec is None:
+        return None
+    if ranks > 1:
+        raise ConfigError("data.episode", "episodes are not supported under torchrun yet; run a single process")
+    setup = EpisodeSetup(spec, load_episode(spec), codec_for(tokenizer, chat), config, log)
+    tools = setup.toolbox()
+    log(f"episodes: {spec}; tools {', '.join(tools.names) or 'none'}; observations written by "
+        f"{setup.codec.check()}")
+    return setup
+
+
+def episode_generator(setup: EpisodeSetup, inner: EngineWorker, rewards: RewardService) -> EpisodeWorker:
+    """Training's generator: the engine worker driven by the episodes' turns, scoring through the
+    reward service (its deadline, threads and worker processes, its failure counts)."""
+    queue = TurnQueue(setup.codec.decode_raw)
+
+    async def score(text: str, example: Example) -> tuple[float, bool]:
+        scores, failures = await rewards.score([text], [example])
+        return scores[0], failures > 0
+
+    return EpisodeWorker(inner, setup.runner(queue, setup.toolbox(), score, setup.config.generation.max_new_tokens),
+                         queue)
+
+
+def episode_evaluator(setup: EpisodeSetup, model: PreTrainedModel, eval_set: EvalSet,
+                      score: Callable[[str, Example], float], eos: list[int]) -> Callable[[], dict[str, float]]:
+    """Held-out greedy pass rate of whole episodes on the trainer's weights (runs on its thread)."""
+    budget = setup.config.eval.max_new_tokens or setup.config.generation.max_new_tokens
+    return lambda: evaluate_episodes(setup, model, eval_set, score, eos, budget)
+
+
+def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: EvalSet,
+                      score: Callable[[str, Example], float], eos: list[int], budget: int,
+                      max_slots: int = 256) -> dict[str, float]:
+    if not eval_set.examples:
+        return {"eval_pass_rate": float("nan"), "eval_len_mean": 0.0}
+    was_training = model.training
+    max_len = max(len(p) for p in eval_set.prompt_ids) + budget
+    # fuse=False: the trainer's own model (see run/evaluation.py).
+    engine = Engine(model, eos, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
+                    params=SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
+    queue = TurnQueue(setup.codec.decode_raw)
+
+    async def scored(text: str, example: Example) -> tuple[float, bool]:
+        return score(text, example), False
+
+    runner = setup.runner(queue, setup.toolbox(seed_offset=1), scored, budget, log=lambda line: None)
+    groups = [Group(i, ids, 1, example) for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples))]
+    outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
+    model.train(was_training)
+    completions = [g.completions[0] for g in groups]
+    return {"eval_pass_rate": fmean(rewards[0] for rewards, _ in outcomes),
+            "eval_len_mean": fmean(len(c.tokens) for c in completions),
+            "eval_tool_calls_mean": fmean(len(c.tool_calls) for c in completions)}
