@@ -7,11 +7,8 @@ Per-slot decode state (next token, position, liveness) stays on the device, whic
 itself at EOS or the length limit (liveness.py); the host clears it at a stop string.
 
 Overlap (`overlap`, on by default on CUDA): step t+1 is launched before the host reads step t's
-tokens, which come down by a non-blocking copy into pinned memory (inflight.py); the host's
-bookkeeping of step t then runs while the device computes step t+1. The costs: a slot freed at
-step t takes a new sequence one step later (at step t+2, not t+1), a finished slot decodes once
-more (its token is discarded), and results come back one `step()` later. Tokens, logprobs and
-versions are the plain engine's; on the CPU it buys nothing, but the same path runs there.
+tokens (a non-blocking copy into pinned memory, inflight.py), so bookkeeping overlaps the device's
+work; a freed slot is refilled a step later, results come back a `step()` later.
 
 Weights belong to the model the engine wraps. When the trainer publishes a new version the
 engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
@@ -23,10 +20,9 @@ Host syncs, all of them: per step, the wait for one step's sampled tokens (witho
 `.cpu()` right after the step; with overlap the previous step's copy event, the current step
 already queued); with overlap, one extra wait when a version is adopted with `recompute_kv`
 (the recompute needs the in-flight step's tokens); capturing a new CUDA graph (`torch.cuda.graph`
-synchronizes on entry: once per batch bucket and span, graphs.py); and `PhaseTimer.take()`
-reading events, only those already complete. Everything else the host sends (slots, lengths,
-limits, prompt tokens) goes up by pinned non-blocking copies (upload.py), and every index write
-(`live[slots] = ...`, the KV cache's) is launched, not waited on.
+synchronizes on entry: once per batch bucket and span, graphs.py); `PhaseTimer.take()` reads only
+completed events. The rest (slots, lengths, limits, prompts) goes up by pinned non-blocking copies
+(upload.py); every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
 """
 from __future__ import annotations
 
