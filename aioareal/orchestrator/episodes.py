@@ -82,7 +82,7 @@ class EpisodeWorker:
     # -- episodes ----------------------------------------------------------------------------------
     async def _run(self, group: Group) -> None:
         try:
-            rewards, failures = await self.runner.run_group(group)
+            _, failures = await self.runner.run_group(group)  # the rewards are on the group already
             group.reward_failures = failures
         finally:
             self.active.pop(group.group_id, None)
