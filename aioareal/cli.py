@@ -139,11 +139,22 @@ def main(argv: list[str] | None = None) -> int:
         from .monitor.completions import main as samples_main
 
         return samples_main(a)
+
+    def evaluate(a: list[str]) -> int:  # imported on use, like bench
+        from .use.eval_command import main as eval_main
+
+        return eval_main(a)
+
+    def chat(a: list[str]) -> int:  # imported on use, like bench
+        from .use.chat import main as chat_main
+
+        return chat_main(a)
     commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
                                                          "config": cmd_config, "plot": experiments("cmd_plot"),
                                                          "report": experiments("cmd_report"),
                                                          "sweep": experiments("cmd_sweep"),
                                                          "bench": bench, "simulate": simulate, "samples": samples}
+    commands.update({"eval": evaluate, "chat": chat})
     if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
         print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
               file=sys.stderr)
