@@ -204,16 +204,25 @@ def train(config: Config, log: Callable[[str], None] = print,
                 orchestrator = run_event_loop(orchestrate(parts, printer))
         finally:
             cleanup(parts)
-    return _finished(orchestrator, run_dir, config.train.steps, cell.is_main, log)
+    return _finished(orchestrator, run_dir, config, cell.is_main, log)
 
 
-def _finished(orchestrator: Orchestrator, run_dir: Path, steps: int, is_main: bool,
+def _finished(orchestrator: Orchestrator, run_dir: Path, config: Config, is_main: bool,
               log: Callable[[str], None]) -> Path:
-    if orchestrator.train.version >= steps:
+    if orchestrator.train.version >= config.train.steps:
         if is_main:
             checkpoint.mark_done(run_dir, orchestrator.train.version)
         log(f"run written to {run_dir}")
+        log(next_steps(run_dir, config.model.name))
     elif orchestrator.stop_signal is not None:
         raise RunStopped(f"stopped at step {orchestrator.train.version}; continue with: "
                          f"python -m aioareal --resume {run_dir}", orchestrator.stop_signal)
     return run_dir
+
+
+def next_steps(run_dir: Path, base: str) -> str:
+    """Where the trained policy is, and how to evaluate it against its base and talk to it."""
+    latest = checkpoint.latest_checkpoint(run_dir)
+    where = f"policy (Hugging Face format): {latest / checkpoint.POLICY_DIR}\n" if latest else ""
+    return (f"{where}evaluate it against {base}: python -m aioareal eval {base} {run_dir} -n 4\n"
+            f"chat with it:  python -m aioareal chat {run_dir}")

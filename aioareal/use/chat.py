@@ -67,8 +67,8 @@ def chat(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     target = resolve(names[0])
-    config = target_config([target], args.config, overrides)
-    source = model_source(target, config)
+    config, start = target_config([target], args.config, overrides)
+    source = model_source(target, start)
     device = resolve_device(config.rollout.gen_device, "gen")
     tokenizer = load_tokenizer(source, config.model.trust_remote_code)
     model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,

@@ -72,14 +72,14 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be > 0 and --top-p in (0, 1]")
     targets = [resolve(name) for name in names]
-    config = target_config(targets, args.config, overrides)
+    config, start = target_config(targets, args.config, overrides)
     new_tokens = args.max_new_tokens or config.eval.max_new_tokens or config.generation.max_new_tokens
     out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     columns = []
     with (out / "eval.jsonl").open("w", encoding="utf-8") as records:
         for target in targets:
-            columns.append(evaluate_target(target, config, args, new_tokens, records))
+            columns.append(evaluate_target(target, config, start, args, new_tokens, records))
     figures = {"task": config.data.task, "n": args.n, "temperature": args.temperature if args.n else None,
                "max_new_tokens": new_tokens, "targets": columns}
     line = json_line(figures)
@@ -90,10 +90,11 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_target(target: Target, config: Config, args: argparse.Namespace, new_tokens: int,
+def evaluate_target(target: Target, config: Config, start: Config, args: argparse.Namespace, new_tokens: int,
                     records: Any) -> dict[str, Any]:
-    """Generate, score and summarise one target; its completions are appended to `records`."""
-    source = model_source(target, config)
+    """Generate, score and summarise one target; its completions are appended to `records`
+    (`start`: the config without overrides, for the `tiny` target's warm-start)."""
+    source = model_source(target, start)
     m = config.model
     device = resolve_device(config.rollout.gen_device, "gen")
     tokenizer = load_tokenizer(source, m.trust_remote_code)

@@ -45,15 +45,17 @@ def resolve(arg: str) -> Target:
     return Target(arg, arg, named=not path.exists())
 
 
-def target_config(targets: list[Target], config_file: str | None, overrides: list[str]) -> Config:
-    """The first run's config (or --config, or the defaults) with the overrides; a run's config may
-    name a warm-started tiny model: its warm-up keys then apply to `tiny` targets too."""
+def target_config(targets: list[Target], config_file: str | None, overrides: list[str]) -> tuple[Config, Config]:
+    """The first run's config (or --config, or the defaults) with the overrides, and without them: a
+    `tiny` target is the warm-start the run began from, whose cache key holds data keys (data.eval_size)
+    that an evaluation may override."""
     base = config_file or next((str(t.run_config) for t in targets if t.run_config), None)
-    return load_config(base, overrides)
+    return load_config(base, overrides), load_config(base)
 
 
-def model_source(target: Target, config: Config, log=print) -> str:
-    """The path or name to load for `target` (tiny: the cached warm-start, trained once if missing)."""
+def model_source(target: Target, start: Config, log=print) -> str:
+    """The path or name to load for `target` (tiny: the warm-start of `start`, the run's config
+    before overrides; trained once if not cached)."""
     if target.named and target.model == "tiny":
-        return model_path(replace(config, model=replace(config.model, name="tiny")), log)
+        return model_path(replace(start, model=replace(start.model, name="tiny")), log)
     return target.model
