@@ -59,7 +59,8 @@ def test_eval_writes_every_completion(evaluated):
     rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * PROMPTS * (N + 1)  # targets x prompts x (samples + greedy)
     assert sum(r["greedy"] for r in rows) == 2 * PROMPTS
-    assert {"target", "prompt_id", "sample", "text", "reward", "passed", "answer", "length", "truncated"} <= set(rows[0])
+    fields = {"target", "prompt_id", "sample", "text", "reward", "passed", "answer", "length", "truncated"}
+    assert fields <= set(rows[0])
 
 
 def brute_pass_at_k(passed: list[bool], k: int) -> float:

@@ -17,15 +17,18 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import TextStreamer
 
+from ..config import Config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..monitor.completions import printable
+from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
 from .eval_command import split_items
 from .targets import model_source, resolve, target_config
 
@@ -75,13 +78,29 @@ def chat(args: argparse.Namespace) -> int:
                        allow_pickle=config.model.allow_pickle).eval()
     limit = args.max_new_tokens or (NAMED_MODEL_TOKENS if target.named and target.model != "tiny"
                                     else config.generation.max_new_tokens)
-    talk = Conversation(model, tokenizer, args.system or config.data.system_prompt, limit, args.temperature)
+    chat_format = uses_chat_template(config, bool(target.run_config or args.config), source)
+    talk = Conversation(model, tokenizer, args.system or config.data.system_prompt, limit, args.temperature,
+                        chat_format)
     for prompt in prompts(args):
         if prompt == "/reset":
             talk.history.clear()
             continue
         talk.reply(prompt)
     return 0
+
+
+def uses_chat_template(config: Config, from_run: bool, source: str) -> bool:
+    """Whether prompts go through the chat template: as the run rendered its prompts (an explicit
+    data.chat_template, else the task's choice); a model without a run: its template, unless it is
+    the tiny model, whose format is raw ("23+45=")."""
+    d = config.data
+    if d.chat_template is not None:
+        return d.chat_template
+    if from_run:
+        if d.task == "arithmetic":
+            return config.arithmetic.style == "chat"
+        return d.task == "gsm8k" or d.prompt_template is None
+    return not (Path(source) / WARMUP_SUMMARY).is_file()  # the tiny model: a warm-start directory
 
 
 def prompts(args: argparse.Namespace) -> Iterator[str]:
@@ -109,10 +128,10 @@ class Conversation:
     """One conversation's history, rendered through the chat template (or the raw format)."""
 
     def __init__(self, model: Any, tokenizer: Any, system: str | None, max_new_tokens: int,
-                 temperature: float) -> None:
+                 temperature: float, chat: bool = True) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.chat = bool(getattr(tokenizer, "chat_template", None))
+        self.chat = chat and bool(getattr(tokenizer, "chat_template", None))
         self.system = system
         self.history: list[dict[str, str]] = []
         self.eos = eos_token_ids(model, tokenizer)
