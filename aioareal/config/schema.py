@@ -196,9 +196,14 @@ class TrainConfig:
 class EvalConfig:
     every: int = doc("evaluate held-out greedy pass rate every N steps (0 = only at start and end)", 25)
     max_new_tokens: int | None = doc("completion limit for evaluation (default: generation.max_new_tokens)", None)
+    samples: int = doc("also sample this many completions a held-out prompt: eval_pass_at_<k> in metrics.jsonl "
+                       "(k = 1, 2, 4, ... and eval.samples; 0 = greedy only)", 0)
+    temperature: float = doc("sampling temperature of those eval.samples completions", 1.0)
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "eval.every", f"must be >= 0, got {self.every}")
+        check(self.samples >= 0, "eval.samples", f"must be >= 0 (0 = greedy only), got {self.samples}")
+        check(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import TokenLogprobs
 from ..weightsync.full import WeightSync
 from ..weightsync.lora import LoraSync
-from .evaluation import EvalSet, evaluate
+from .evaluation import EvalSet, KeptCompletions, evaluate
 
 Log = Callable[[str], None]
 
@@ -220,13 +220,19 @@ def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
 
 
 def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,
-                    decode: Callable[[list[int]], str], eos: list[int]) -> Callable[[], dict[str, float]]:
-    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread)."""
-    max_new_tokens = config.eval.max_new_tokens or config.generation.max_new_tokens
+                    decode: Callable[[list[int]], str], eos: list[int],
+                    keep: KeptCompletions | None = None) -> Callable[[], dict[str, float]]:
+    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread), and pass@k
+    with eval.samples; `keep` receives the completions for eval_samples.jsonl."""
+    e = config.eval
+    max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
 
     def run_eval() -> dict[str, float]:
-        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens)
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
+        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens, e.samples, e.temperature,
+                          config.run.seed)
+        if keep is not None:
+            keep.put(result.rows)
+        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures}
     return run_eval
 
 

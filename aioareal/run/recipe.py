@@ -43,6 +43,7 @@ from .build import (
 )
 from .cell import Cell, current_cell
 from .episodes import episode_evaluator, episode_generator, episode_setup
+from .evaluation import KeptCompletions
 from .events import install_stop_signals, quiet, run_event_loop, step_printer
 from .hooks import RunHooks
 
@@ -64,6 +65,7 @@ class Parts:
     live: LiveState
     trackers: TrackerFeed  # run.trackers (none: a no-op)
     resume: RunState | None = None  # the checkpoint's counters when continuing a run
+    kept: KeptCompletions | None = None  # the last evaluation's completions, for eval_samples.jsonl
 
     @property
     def start_step(self) -> int:
@@ -95,8 +97,9 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
                           seed=cell.engine_seed(config))
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    kept = KeptCompletions()
     evaluator = (episode_evaluator(episodes, trainer.model, prompts.eval_set, data.task.score, eos) if episodes
-                 else cell.evaluator(config, trainer, prompts.eval_set, data.task, decode, eos))
+                 else cell.evaluator(config, trainer, prompts.eval_set, data.task, decode, eos, kept))
     state = cell.restore(resume_from, trainer, engine, config) if resume_from else None
     generator, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
     rewards = build_rewards(config, data.task, decode)
@@ -109,7 +112,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
         generator = episode_generator(episodes, generator, rewards)
     return Parts(config, run_dir, cell, engine, generator, trainer_worker, rewards, source,
                  cell.run_log(run_dir, state.step if state else None), tokenizer, live,
-                 cell.trackers(config, run_dir), state)
+                 cell.trackers(config, run_dir), state, kept)
 
 
 def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunHooks:
@@ -122,6 +125,8 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
 
     def write_row(row: dict[str, Any]) -> None:
         parts.log.step(row)  # metrics.jsonl, the source of truth
+        if "eval_pass_rate" in row and parts.kept is not None:  # an evaluation's completions, under its step
+            parts.log.eval_samples(parts.kept.take(), row["step"])
         parts.trackers.log(row)  # the same row to the trackers' thread (never waits)
 
     save = parts.cell.saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
