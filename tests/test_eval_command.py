@@ -7,6 +7,7 @@ import contextlib
 import io
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.run.recipe import train
+from aioareal.use.report import Progress, json_line, table
 
 N, PROMPTS = 4, 6
 
@@ -89,3 +91,24 @@ def test_the_figures_line_parses_and_matches_the_completions(evaluated):
 def test_an_unknown_target_is_one_line(capsys):
     assert main(["eval", "no/such/run.gguf"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_silent_for_small_sets():
+    out = io.StringIO()
+    progress = Progress("tiny greedy", 100, out)
+    for _ in range(10):
+        progress(10)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) <= 4 and lines[-1] == "tiny greedy: 100/100 prompts"
+    small = io.StringIO()
+    Progress("x", 8, small)(8)
+    assert small.getvalue() == ""
+
+
+def test_the_table_shows_missing_standard_errors_as_plain_values():
+    columns = [{"target": "a", "pass@1_greedy": 0.5, "pass@1_greedy_se": math.nan, "length_mean_greedy": 3.0,
+                "length_mean_greedy_se": 0.25}]
+    text = table(columns, 0)
+    assert text.splitlines()[2].split() == ["pass@1", "greedy", "0.500"] and "3.0 ± 0.2" in text
+    assert json.loads(json_line({"x": math.nan})) == {"x": None}

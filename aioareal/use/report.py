@@ -1,4 +1,4 @@
-"""What `eval` shows and writes: progress while it runs, the side-by-side table, eval.jsonl's rows
+"""What `eval` shows and writes: progress while it runs (rich on a terminal), the side-by-side table, eval.jsonl's rows
 and the figures' JSON line (NaN, an undefined standard error, written as null)."""
 from __future__ import annotations
 
@@ -13,32 +13,35 @@ PLAIN_EVERY = 0.25  # without a terminal: a line at each quarter of a phase
 
 
 class Progress:
-    """Prompts finished of `total`: one line redrawn in place on a terminal, a plain line at each
-    quarter otherwise (logs and pipes), nothing for sets too small to wait for."""
+    """Prompts finished of `total`: a rich progress bar on a terminal, a plain line at each quarter
+    otherwise (logs and pipes), nothing for sets too small to wait for."""
 
     def __init__(self, label: str, total: int, stream: TextIO | None = None, quiet_below: int = 32) -> None:
         self.label, self.total, self.done = label, total, 0
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
         self.quiet = total < quiet_below
         self._next = PLAIN_EVERY
+        self._bar: Any = None
+        if not self.quiet and self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(*Bar.get_default_columns(), console=Console(file=self.stream), transient=False)
+            self._task = self._bar.add_task(label, total=total)
+            self._bar.start()
 
     def __call__(self, finished: int) -> None:
         self.done += finished
-        if self.quiet:
-            return
-        if self.tty:
-            self.stream.write(f"\r{self.label}: {self.done}/{self.total} prompts")
-            self.stream.flush()
-        elif self.done >= self._next * self.total:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+        elif not self.quiet and self.done >= self._next * self.total:
             print(f"{self.label}: {self.done}/{self.total} prompts", file=self.stream, flush=True)
             while self._next * self.total <= self.done:
                 self._next += PLAIN_EVERY
 
     def close(self) -> None:
-        if self.tty and not self.quiet:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def metric_rows(n: int, with_answers: bool) -> list[tuple[str, str]]:
