@@ -115,3 +115,20 @@ def test_figures_average_over_prompts():
 def test_no_answers_no_maj():
     prompts = [PromptVerdicts([1.0], [True], [1], [False])]
     assert "maj@1" not in sampled_figures(prompts)
+
+
+def test_final_answers_for_voting():
+    from aioareal.evaluate.answers import answer_reader
+    from aioareal.tasks import ArithmeticTask
+
+    raw = answer_reader(ArithmeticTask())
+    assert raw(" 68 ") == "68" and raw("  ") is None
+    chat = answer_reader(ArithmeticTask(style="chat"))
+    assert chat("So 600 + 400 = \\boxed{1,000}.") == "1000"
+    assert chat("The answer is $12.50") == "12.5"
+    assert chat("I do not know.") is None
+
+    class FileTask:
+        name, chat = "file", True
+
+    assert answer_reader(FileTask()) is None  # no answer defined: no maj@k

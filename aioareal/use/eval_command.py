@@ -73,6 +73,9 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UserError("--temperature must be > 0 and --top-p in (0, 1]")
     targets = [resolve(name) for name in names]
     config, start = target_config(targets, args.config, overrides)
+    if config.data.episode:
+        raise UserError(f"data.episode={config.data.episode}: eval scores single completions; a run with "
+                        "episodes evaluates greedy episodes itself (eval_pass_rate in metrics.jsonl)")
     new_tokens = args.max_new_tokens or config.eval.max_new_tokens or config.generation.max_new_tokens
     out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
