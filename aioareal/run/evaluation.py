@@ -18,6 +18,7 @@ from ..distributed.reduce import Collective
 from ..evaluate.metrics import PromptVerdicts, sampled_figures
 from ..evaluate.rollout import generate
 from ..generation import SamplingParams
+from ..orchestrator.report import PROMPT_TEXT_CHARS
 from ..samples import Completion
 from ..tasks.base import Example
 
@@ -84,10 +85,11 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Ex
 
 def completion_row(i: int, example: Example | None, sample: int, completion: Completion, text: str,
                    score: Callable[[str, Example], float], greedy: bool) -> dict[str, Any]:
-    """One row of eval_samples.jsonl (the run log adds the step)."""
+    """One row of eval_samples.jsonl (the run log adds the step); the prompt as samples.jsonl keeps it."""
+    prompt = example.prompt if example is not None and len(example.prompt) <= PROMPT_TEXT_CHARS else None
     return {"prompt_id": example.uid if example is not None else str(i), "greedy": greedy, "sample": sample,
             "reward": score(text, example), "text": text, "length": len(completion.tokens),
-            "truncated": completion.finish_reason == "length"}
+            "truncated": completion.finish_reason == "length", "prompt": prompt}
 
 
 def sampled_metrics(rows: list[dict[str, Any]], size: int) -> dict[str, float]:

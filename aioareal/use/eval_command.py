@@ -154,5 +154,5 @@ def rows_of(label: str, examples: list, scored: list[list[Scored]], verdicts: li
     """eval.jsonl: one row per completion."""
     return [{"target": label, "prompt_id": ex.uid, "greedy": greedy, "sample": i, "text": s.text,
              "reward": s.reward, "passed": v.passed[i], "answer": v.answers[i] if v.answers else None,
-             "reference": ex.answer, "length": s.length, "truncated": s.truncated}
+             "reference": ex.answer, "prompt": ex.prompt, "length": s.length, "truncated": s.truncated}
             for ex, group, v in zip(examples, scored, verdicts) for i, s in enumerate(group)]
