@@ -41,7 +41,7 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..samples import Completion, Sample
-from ..simulate.modelled import gsm8k_like_length
+from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
