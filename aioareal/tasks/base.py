@@ -6,11 +6,11 @@ a `Task` yields `Example`s for a training and a held-out split and scores comple
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import UserError
+from ..io import loads_bounded
 
 if TYPE_CHECKING:  # not at run time: reward worker processes import tasks without transformers
     from transformers import PreTrainedTokenizerBase
@@ -77,7 +77,7 @@ def _row_tools(example: Example) -> list[dict[str, Any]] | None:
         return None
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = loads_bounded(tools)
         except ValueError:
             raise UserError(f"row {example.uid}: its 'tools' column is not JSON (expected a list of tool schemas, e.g. "
                             '[{"type": "function", "function": {"name": "calculator", ...}}])') from None
