@@ -8,8 +8,10 @@ Weights load from safetensors only, unless `model.allow_pickle`: a `*.bin` file 
 unpickling a file someone else produced can run their code. A local directory with only pickle
 weights is refused up front, naming the file, and so is one holding a PEFT adapter whose weights
 are a pickle (`adapter_model.bin`), which transformers would load onto the model; a hub repository
-cannot be listed offline, so for a hub name `use_safetensors=True` makes transformers refuse instead. `trust_remote_code` (the
-model's own Python files) is off unless the config turns it on.
+cannot be listed offline, so for a hub name `use_safetensors=True` makes transformers refuse
+instead (an adapter there loads through peft's `torch.load(weights_only=True)`, safe from torch 2.6
+on, the floor in pyproject.toml). `trust_remote_code` (the model's own Python files) is off unless
+the config turns it on.
 """
 from __future__ import annotations
 
