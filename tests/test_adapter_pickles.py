@@ -72,3 +72,25 @@ def test_a_safetensors_adapter_and_a_plain_model_still_load(tmp_path):
     path = model_dir(tmp_path / "adapted", "safetensors")
     assert (path / "adapter_model.safetensors").is_file()
     assert load_model(str(path), torch.float32, CPU) is not None
+
+
+
+FLOORS = {"torch": ("2.6", "CVE-2025-32434"), "transformers": ("5.3", "CVE-2026-4372"),
+          "jinja2": ("3.1.6", "CVE-2025-27516")}
+
+
+def test_dependency_floors_close_the_named_cves_and_the_installed_versions_meet_them():
+    import re
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = (root / "pyproject.toml").read_text()
+    reliability = (root / "docs" / "reliability.md").read_text()
+    for name, (floor, cve) in FLOORS.items():
+        found = re.search(rf'^\s*"{name}>=([0-9.]+)",', pyproject, re.MULTILINE)
+        assert found and Version(found.group(1)) >= Version(floor), name
+        assert cve in pyproject and cve in reliability
+        assert Version(version(name).split("+")[0]) >= Version(floor)
