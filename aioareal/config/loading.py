@@ -14,7 +14,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, shown
+from .bounded_yaml import load_yaml
 from .schema import Config
 
 
@@ -59,11 +60,11 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             raise errors[0]
         # Several types admitted (true | false | auto): name them all, not only the first's.
         expected = [str(e).split(": ", 1)[1].rsplit(", got ", 1)[0].removeprefix("expected ") for e in errors]
-        raise ConfigError(key, f"expected {' or '.join(expected)}, got {value!r}")
+        raise ConfigError(key, f"expected {' or '.join(expected)}, got {shown(value)}")
     if origin is Literal:
         if value not in args:
             choices = f"one of {' | '.join(map(str, args))}" if len(args) > 1 else str(args[0])
-            raise ConfigError(key, f"expected {choices}, got {value!r}")
+            raise ConfigError(key, f"expected {choices}, got {shown(value)}")
         return value
     if origin is list:
         if isinstance(value, str):
@@ -73,21 +74,21 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
         return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true or false, got {value!r}")
+            raise ConfigError(key, f"expected true or false, got {shown(value)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
+            raise ConfigError(key, f"expected an integer, got {shown(value)}")
         return value
     if annotation is float:
         if isinstance(value, str):
             value = _float_or_none(value)  # YAML 1.1 reads '1e-5' as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {value!r}")
+            raise ConfigError(key, f"expected a number, got {shown(value)}")
         return float(value)
     if annotation is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(key, f"expected a string, got {value!r}")
+            raise ConfigError(key, f"expected a string, got {shown(value)}")
         return str(value)
     raise TypeError(f"unsupported annotation {annotation!r} for {key}")
 
@@ -108,12 +109,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    data = load_yaml(path) or {}  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(data).__name__}")
     return data
@@ -135,7 +131,7 @@ def merge_nested(base: dict[str, dict[str, Any]], layer: dict[str, Any], source:
             where = "command line" if source == "cli" else source
             raise UserError(f"{where}: unknown config section '{section}' (expected one of {', '.join(sections)})")
         if not isinstance(values, dict):
-            raise ConfigError(section, f"{source}: expected a mapping of keys, got {values!r}")
+            raise ConfigError(section, f"{source}: expected a mapping of keys, got {shown(values)}")
         fields = {f.name for f in dataclasses.fields(sections[section])}
         for key, value in values.items():
             if key not in fields:
