@@ -15,9 +15,13 @@ from .errors import guarded
 
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
+    epilog = ("Any config key can be set as section.key=value, e.g. algo.lr=1e-5 or reward.weights=[1,0.1]. "
+              "List them with: python -m aioareal config --keys")
+    if prog == "python -m aioareal":  # the top level: name the subcommands too
+        epilog = f"{commands_help()}\n\n{epilog}\n`python -m aioareal COMMAND --help` shows a command's own flags."
     p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
-                                epilog="Any config key can be set as section.key=value, e.g. algo.lr=1e-5. "
-                                       "List them with: python -m aioareal config --keys")
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version())
     p.add_argument("--config", help="YAML config file (see configs/)")
     p.add_argument("--mode", choices=["sync", "one-step", "async"], help="rollout mode")
     p.add_argument("--max-staleness", type=int, help="K: max policy lag of a trained sample")
@@ -115,41 +119,74 @@ def print_keys() -> None:
             print(f"{section}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
 
 
+# One line per subcommand for `--help` and for an unknown command's error; a command missing here
+# still appears (with its name only), so `--help` lists whatever `commands()` holds.
+SUMMARIES = {"train": "train (the default: `python -m aioareal [flags] [key=value ...]`)",
+             "warmup": "train the tiny model's supervised warm-start only",
+             "config": "print the resolved config (--keys [SECTION]: every key; --sources: where each came from)",
+             "bench": "benchmarks (generation, training, rewards, ...)",
+             "simulate": "model a run on GPUs this machine does not have",
+             "sweep": "run a grid of runs", "plot": "plot a sweep", "report": "write a sweep's report.md",
+             "samples": "show a run's completions", "eval": "score checkpoints or models on a test set",
+             "chat": "talk to a trained policy", "export": "write a policy as GGUF (llama.cpp, Ollama) or to the Hub"}
+
+
+def commands() -> dict[str, Callable[[list[str]], int]]:
+    """Every subcommand by name; each imports its module on use (training needs neither pandas,
+    matplotlib nor the benchmarks)."""
+    def lazy(module: str, name: str) -> Callable[[list[str]], int]:
+        def run(a: list[str]) -> int:
+            import importlib
+
+            return getattr(importlib.import_module(module, __package__), name)(a)
+        return run
+    return {"train": cmd_train, "warmup": cmd_warmup, "config": cmd_config,
+            "plot": lazy(".experiments.commands", "cmd_plot"), "report": lazy(".experiments.commands", "cmd_report"),
+            "sweep": lazy(".experiments.commands", "cmd_sweep"), "bench": lazy(".bench", "main"),
+            "simulate": lazy(".simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
+            "export": lazy(".checkpoint.export", "main")}
+
+
+def commands_help() -> str:
+    names = commands()
+    width = max(map(len, names))
+    return "commands:\n" + "\n".join(f"  {n:<{width}}  {SUMMARIES.get(n, '')}".rstrip() for n in names)
+
+
+def unknown_command(word: str) -> str | None:
+    """The error for a first word that is neither a command, a flag nor section.key=value."""
+    if word in commands() or word.startswith("-") or "=" in word:
+        return None
+    return f"error: unknown command '{word}' (commands: {', '.join(commands())})"
+
+
+def version() -> str:
+    from importlib import metadata
+
+    from . import __version__
+
+    try:
+        return f"aioareal {metadata.version('aioareal')}"
+    except metadata.PackageNotFoundError:  # run from a checkout without installing it
+        return f"aioareal {__version__}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-
-    def experiments(name: str) -> Callable[[list[str]], int]:
-        def run(a: list[str]) -> int:  # imported on use: training needs neither pandas nor matplotlib
-            from .experiments import commands as experiment_commands
-
-            return getattr(experiment_commands, name)(a)
-        return run
-
-    def bench(a: list[str]) -> int:  # imported on use: only `bench` loads the benchmarks
-        from .bench import main as bench_main
-
-        return bench_main(a)
-
-    def simulate(a: list[str]) -> int:  # imported on use, like bench
-        from .simulate.command import main as simulate_main
-
-        return simulate_main(a)
-
-    def samples(a: list[str]) -> int:  # imported on use, like bench
-        from .monitor.completions import main as samples_main
-
-        return samples_main(a)
-    commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
-                                                         "config": cmd_config, "plot": experiments("cmd_plot"),
-                                                         "report": experiments("cmd_report"),
-                                                         "sweep": experiments("cmd_sweep"),
-                                                         "bench": bench, "simulate": simulate, "samples": samples}
-    if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
+    table = commands()
+    if argv[:1] == ["--version"]:
+        print(version())
+        return 0
+    error = unknown_command(argv[0]) if argv else None
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    if argv and argv[0] in table and argv[0] != "train" and launched_by_torchrun():
         print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
               file=sys.stderr)
         return 2
     try:
-        return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
+        return table[argv[0]](argv[1:]) if argv and argv[0] in table else cmd_train(argv)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
