@@ -18,10 +18,10 @@ from .local import POLICY_DIR, latest_checkpoint
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aioareal export",
                                 description="Export a trained policy as a GGUF file (llama.cpp, Ollama) or to the Hub.")
-    p.add_argument("run", metavar="RUN", help="run directory (latest checkpoint), checkpoint directory or policy directory")
+    p.add_argument("run", metavar="RUN", help="run directory (latest checkpoint), checkpoint or policy directory")
     p.add_argument("--gguf", metavar="FILE", help="write the policy as this GGUF file (llama and qwen2 models)")
     p.add_argument("--type", default="f16", choices=["f16", "q8_0"], help="GGUF weight type (default f16)")
-    p.add_argument("--hub", metavar="REPO", help="upload the policy directory (and the GGUF file) to this Hub repository")
+    p.add_argument("--hub", metavar="REPO", help="upload the policy directory (and GGUF file) to this Hub repository")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     return p
 
@@ -72,7 +72,8 @@ def write_gguf(policy: Path, out: Path, qtype: str) -> Path:
     try:  # tokenizer.json as saved: AutoTokenizer may rebuild it from the model type's own class
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(policy))
     except (OSError, ValueError) as e:
-        raise UserError(f"export: {policy}: no usable tokenizer.json ({str(e).splitlines()[0] if str(e) else e})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"export: {policy}: no usable tokenizer.json ({first})") from None
     return export_gguf(model, tokenizer, out, qtype, name=_model_name(policy))
 
 

@@ -48,7 +48,8 @@ def vocab_of(tokenizer: Any, rows: int) -> Vocab:
     elif kind == "WordLevel" and all(len(t) == 1 for t in _plain_tokens(tokenizer)):
         merges, spell = [INERT_MERGE], _byte_spelling
     else:
-        raise UserError(f"export: the tokenizer is a {kind} vocabulary{' (sentencepiece style)' if kind == 'BPE' else ''};"
+        style = " (sentencepiece style)" if kind == "BPE" else ""
+        raise UserError(f"export: the tokenizer is a {kind} vocabulary{style};"
                         " GGUF export writes byte-level BPE (Qwen2, SmolLM2, Llama 3) and character vocabularies")
     tokens, types = _token_table(tokenizer, rows, spell)
     if merges == [INERT_MERGE]:
