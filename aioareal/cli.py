@@ -66,6 +66,8 @@ def _train(args: argparse.Namespace) -> int:
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
     config = resume_config(target, args.overrides, flags, args.force) if target else load(args)
+    if not target:
+        profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from
         check_unchanged(config, load(args), args.force)
     with session(config) as world:
@@ -75,6 +77,19 @@ def _train(args: argparse.Namespace) -> int:
         else:
             train(config, cell=cell)
     return 0
+
+
+def profile_note(args: argparse.Namespace) -> None:
+    """Say so when a pretrained model took the `pretrained` defaults profile (config/profiles.py)."""
+    from .config.loading import load_with_sources
+
+    config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
+    taken = [k for k, source in sources.items() if source.startswith("profile")]
+    if taken:
+        print(f"model.name={config.model.name} without --config: {len(taken)} defaults from the 'pretrained' "
+              f"profile (algo.lr={config.algo.lr:g}, generation.max_new_tokens={config.generation.max_new_tokens}, "
+              f"train.steps={config.train.steps}; all: python -m aioareal config --sources); a full config to start "
+              "from: configs/qwen2.5-0.5b-gsm8k.yaml", file=sys.stderr)
 
 
 def _quiet(*_: object) -> None:
@@ -94,29 +109,51 @@ def cmd_warmup(argv: list[str]) -> int:
 
 def cmd_config(argv: list[str]) -> int:
     parser = train_parser("python -m aioareal config")
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help text")
+    parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
+                        help="list every config key (of SECTION only, if given) with its help text")
+    parser.add_argument("--sources", action="store_true",
+                        help="each resolved value with where it came from: default, profile, file, flag, key=value")
     args = parser.parse_intermixed_args(argv)
 
     def go() -> int:
         from .config import dump_yaml
 
-        if args.keys:
-            print_keys()
+        if args.keys is not None:
+            print_keys(args.keys)
+        elif args.sources:
+            print_sources(args)
         else:
             print(dump_yaml(load(args)), end="")
         return 0
     return guarded(args.debug, go)
 
 
-def print_keys() -> None:
+def print_sources(args: argparse.Namespace) -> None:
+    from .config.loading import load_with_sources, to_dict
+
+    config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
+    values = to_dict(config)
+    width = 48  # most lines align; a long list value pushes its own comment right
+    for key, source in sources.items():
+        section, name = key.split(".")
+        print(f"{f'{key} = {values[section][name]!r}':<{width}}  # {source}")
+
+
+def print_keys(section: str = "") -> None:
     import dataclasses
 
     from .config.loading import section_types
+    from .errors import UserError
 
-    for section, cls in section_types().items():
+    sections = section_types()
+    if section and section not in sections:
+        raise UserError(f"config --keys {section}: unknown section (expected one of {', '.join(sections)})")
+    for name, cls in sections.items():
+        if section and name != section:
+            continue
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"{section}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
+            print(f"{name}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
 
 
 # One line per subcommand for `--help` and for an unknown command's error; a command missing here
