@@ -168,7 +168,8 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 flags: dict[str, Any] | None = None) -> Config:
-    """Defaults < profile (without a file) < YAML at `path` < `flags` ({'rollout.mode': 'async'}) < `overrides` ('k=v' strings)."""
+    """Defaults < profile (without a file, profiles.py) < YAML at `path` < `flags` ({'rollout.mode': 'async'})
+    < `overrides` ('k=v' strings)."""
     return load_with_sources(path, overrides, flags)[0]
 
 
