@@ -138,3 +138,15 @@ def test_the_tiny_model_keeps_its_defaults_and_a_pretrained_one_never_gets_them(
     sums = load_config(overrides=["model.name=smollm2-135m-instruct"])  # the arithmetic task: short chat answers
     assert sums.arithmetic.style == "chat" and sums.generation.max_new_tokens == 64
     assert load_config(overrides=["model.name=x/y", "algo.lr=3e-6"]).algo.lr == 3e-6  # what is set wins
+
+
+def test_a_run_on_a_pretrained_model_says_which_defaults_it_took(capsys):
+    from aioareal.cli import profile_note, train_parser
+
+    profile_note(train_parser().parse_intermixed_args(["model.name=Qwen/Qwen2.5-0.5B-Instruct", "data.task=gsm8k"]))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(err.splitlines()) == 1
+    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in err
+    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in err
+    profile_note(train_parser().parse_intermixed_args(["model.name=random:tiny"]))
+    assert capsys.readouterr().err == ""

@@ -144,3 +144,4 @@ def test_an_architecture_llama_cpp_layout_is_not_written_for_is_refused(tmp_path
     load_tokenizer("random:tiny").save_pretrained(policy)
     assert main(["export", str(policy), "--gguf", str(tmp_path / "g.gguf")]) == 2
     assert "export: a gpt2 model; GGUF export writes llama and qwen2 models" in capsys.readouterr().err
+
