@@ -145,3 +145,11 @@ def test_an_architecture_llama_cpp_layout_is_not_written_for_is_refused(tmp_path
     assert main(["export", str(policy), "--gguf", str(tmp_path / "g.gguf")]) == 2
     assert "export: a gpt2 model; GGUF export writes llama and qwen2 models" in capsys.readouterr().err
 
+
+
+def test_a_saved_character_tokenizer_loads_back_as_saved(tmp_path):
+    """A policy directory's tokenizer.json is read as is: the model type's own class (Qwen2Tokenizer)
+    would rebuild the tiny model's character vocabulary and drop spaces and newlines."""
+    policy = tiny_run(tmp_path) / "checkpoints" / "step-000002" / "policy"
+    text = "<|im_start|>user\n1 + 2?<|im_end|>\n"
+    assert load_tokenizer(str(policy))(text)["input_ids"] == load_tokenizer("random:tiny")(text)["input_ids"]
