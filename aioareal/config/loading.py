@@ -68,7 +68,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
         return value
     if origin is list:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
+            value = split_list(value)
         if not isinstance(value, list):
             value = [value]
         return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
@@ -91,6 +91,15 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(key, f"expected a string, got {shown(value)}")
         return str(value)
     raise TypeError(f"unsupported annotation {annotation!r} for {key}")
+
+
+def split_list(text: str) -> list[str]:
+    """A list written on the command line: `a,b`, `[a,b]`, `[a, 'b']` or `[]`."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    items = (v.strip() for v in text.split(","))
+    return [v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v for v in items if v]
 
 
 def _float_or_none(text: str) -> float | str:
@@ -155,22 +164,50 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 flags: dict[str, Any] | None = None) -> Config:
-    """Defaults < YAML at `path` < `flags` ({'rollout.mode': 'async'}) < `overrides` ('k=v' strings)."""
+    """Defaults < profile (without a file, profiles.py) < YAML at `path` < `flags` ({'rollout.mode': 'async'})
+    < `overrides` ('k=v' strings)."""
+    return load_with_sources(path, overrides, flags)[0]
+
+
+def load_with_sources(path: str | Path | None = None, overrides: list[str] | None = None,
+                      flags: dict[str, Any] | None = None) -> tuple[Config, dict[str, str]]:
+    """The config and, for every key, where its value came from: default, profile NAME (profiles.py),
+    file PATH, flag, or key=value."""
     layers: dict[str, dict[str, Any]] = {}
     if path is not None:
         merge_nested(layers, read_yaml(path), str(path))
-    dotted: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
-    dotted.update(parse_override(o) for o in overrides or [])
+    set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    set_overrides = dict(parse_override(o) for o in overrides or [])
     nested: dict[str, dict[str, Any]] = {}
-    for key, value in dotted.items():
+    for key, value in {**set_flags, **set_overrides}.items():
         section, _, name = key.partition(".")
         nested.setdefault(section, {})[name] = value
     rollout = nested.get("rollout", {})
     if "mode" in rollout and "max_staleness" not in rollout:
         # `--mode sync` on an async config means sync with its own K, not the file's K.
         layers.get("rollout", {}).pop("max_staleness", None)
+    sources = {f"{s}.{k}": f"file {path}" for s, values in layers.items() for k in values}
     merge_nested(layers, nested, "cli")
-    return build(layers)
+    sources.update({k: "flag" for k in set_flags})
+    sources.update({k: "key=value" for k in set_overrides})
+    if path is None:  # a config file states the run: its unset keys keep the dataclass defaults
+        sources.update(_apply_profile(layers))
+    return build(layers), {key: sources.get(key, "default") for key in known_keys()}
+
+
+def _apply_profile(layers: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Put the model's defaults profile beneath what was set; the keys it filled -> 'profile NAME'."""
+    from .profiles import profile_for
+
+    name, values = profile_for(str(layers.get("model", {}).get("name", "tiny")),
+                               str(layers.get("data", {}).get("task", "arithmetic")))
+    filled = {}
+    for key, value in values.items():
+        section, _, field = key.partition(".")
+        if field not in layers.setdefault(section, {}):
+            layers[section][field] = value
+            filled[key] = f"profile {name}"
+    return filled
 
 
 def to_dict(config: Config) -> dict[str, Any]:

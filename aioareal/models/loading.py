@@ -16,11 +16,18 @@ the config turns it on.
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from ..errors import UserError
 from .attention import ATTENTION
@@ -78,12 +85,28 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
     name = resolve_source(name)
     _check_local(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        loader = PreTrainedTokenizerFast if _saved_as_is(name) else AutoTokenizer
+        tokenizer = loader.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise UserError(f"model.name '{name}': could not load its tokenizer ({_first_line(e)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _saved_as_is(name: str) -> bool:
+    """A local directory whose tokenizer was saved as a plain tokenizer.json (the tiny model's character
+    tokenizer, a converted GGUF's): AutoTokenizer would rebuild it as the model type's class
+    (Qwen2Tokenizer from vocabulary and merges), losing its own pre-tokenizer (spaces, newlines)."""
+    path = Path(name)
+    config = path / "tokenizer_config.json"
+    if not (config.is_file() and (path / "tokenizer.json").is_file()):
+        return False
+    try:
+        saved_class = json.loads(config.read_text()).get("tokenizer_class")
+    except (ValueError, AttributeError):
+        return False
+    return saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,

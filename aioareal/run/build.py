@@ -20,7 +20,7 @@ from ..generation.fused_sampling import fused_sampler_enabled
 from ..models import load_model, lora, resolve_dtype
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards.service import RewardService
-from ..tasks import PromptRenderer, Task, build_scorer, build_task
+from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
 from ..tasks.base import Example
 from ..trainer import Trainer
 from ..trainer.compiled import compile_layers
@@ -70,6 +70,8 @@ def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Pr
     d = config.data
     chat = data.task.chat if d.chat_template is None else d.chat_template
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
+    if isinstance(data.task, RewardedTask):  # evaluation's reward functions get completion_ids too
+        data.task.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
     train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
     chat = chat and d.prompt_template is None  # what the renderer does: a raw template wins
     if not data.held_out:

@@ -137,7 +137,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     episodes = isinstance(parts.generator, EpisodeWorker)  # they score themselves, and count their tools
     counters = (lambda: {**parts.rewards.stats.metrics(), **parts.generator.counters()}) if episodes \
-        else parts.rewards.stats.metrics
+        else (lambda: {**parts.rewards.stats.metrics(), **parts.rewards.scorer_metrics()})
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts,
                                 stored_rewards if episodes else parts.rewards.score_group,
                                 parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,

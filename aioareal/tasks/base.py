@@ -22,6 +22,9 @@ class Example:
     prompt: str  # the user message (chat) or the full prompt text (raw)
     answer: str  # reference the verifier compares against
     row: dict[str, Any] = field(default_factory=dict, compare=False)  # original columns, for reward functions
+    # A conversational row (TRL's format): the prompt as {role, content} messages, rendered with the
+    # chat template as they are; `prompt` then holds the last user message (for display).
+    messages: list[dict[str, str]] | None = field(default=None, compare=False)
 
 
 @runtime_checkable
@@ -56,6 +59,8 @@ class PromptRenderer:
             except KeyError as e:
                 raise UserError(f"data.prompt_template uses field {e} which row {example.uid} lacks "
                                 f"(fields: {', '.join(example.row)})") from None
+        if example.messages is not None:
+            return self._conversation(example)
         if not self.chat:
             return example.prompt
         # A row may bring its own system prompt and tools (JSON schemas, or a JSON string of them) for
@@ -70,6 +75,17 @@ class PromptRenderer:
         from ..models.chat_template import apply_template
 
         return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
+
+    def _conversation(self, example: Example) -> str:
+        if not self.chat or not getattr(self.tokenizer, "chat_template", None):
+            raise UserError(f"row {example.uid}: a conversational prompt (a list of messages) needs the chat template; "
+                            "unset data.prompt_template and data.chat_template=false")
+        messages = list(example.messages or [])
+        if self.system_prompt and not (messages and messages[0]["role"] == "system"):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        tools = _row_tools(example)
+        extra = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
 
     def ids(self, example: Example) -> list[int]:
         return self.encode(self.text(example))
