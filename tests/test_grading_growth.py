@@ -99,6 +99,7 @@ def test_a_grading_thread_leaves_the_event_loop_running() -> None:
 
     async def main() -> float:
         gap = 0.0
+        done.clear()
         worker = asyncio.get_running_loop().run_in_executor(None, grade_all)
         last = time.perf_counter()
         while not done.is_set():
@@ -108,7 +109,10 @@ def test_a_grading_thread_leaves_the_event_loop_running() -> None:
         await worker
         return gap
 
-    assert asyncio.run(main()) < 0.1
+    gaps = [asyncio.run(main())]
+    if gaps[0] >= 0.1:  # measured again once: a busy machine's pause passes, a grader's freeze repeats
+        gaps.append(asyncio.run(main()))
+    assert min(gaps) < 0.1, f"the event loop stopped for {min(gaps):.3f} s"
 
 
 @given(st.text(max_size=200), st.integers(0, 3 * MAX_CHARS))
