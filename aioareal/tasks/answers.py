@@ -11,6 +11,8 @@ The final answer is the last one the completion commits to. In order of how expl
 4. the last number of the final statement: the last sentence with a number once trailing checks,
    notes and asides are cut off (`trailers`); of a numbered list, its last item (not the item's
    number); of a text cut off mid-sentence at its token limit, that unfinished sentence, or nothing.
+   A number named only to reject it is not the answer ("12 apples, not 15" reads 12; "... $12. Not
+   15." skips the sentence that only rejects).
 Prose after 1-3 replaces the answer only when it commits again: a later answer phrase ("\\boxed{24}
 ... Wait, I forgot the 2 she gives away. The answer is 26." reads 26), or a retraction ("wait",
 "oops", "I forgot", "recheck", ...) followed by a new final statement. A check after the answer
@@ -18,7 +20,8 @@ Prose after 1-3 replaces the answer only when it commits again: a later answer p
 empty or never closed, boxes offered as alternatives (`\\boxed{18} or \\boxed{19}`, `\\boxed{18},
 \\boxed{19}`, `\\boxed{18} or maybe 19`). What the answer says is then read by `numbers.read_span` /
 `numbers.read_last`. Every step is linear in the length of the text: the box scan is one pass over
-the braces, markers and phrases are found by scans that never revisit characters.
+the braces, markers and phrases are found by scans that never revisit characters, no pattern has two
+adjacent quantifiers that can take the same characters, and only the last `MAX_CHARS` are read.
 """
 from __future__ import annotations
 
