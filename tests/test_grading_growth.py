@@ -34,7 +34,9 @@ WORST = ("#### " + " " * 140 + "x", "The answer is" + " " * 130 + "definitely x"
 
 
 def build(prefix: str, pump: str, suffix: str, n: int) -> str:
-    return prefix + pump * max(1, (n - len(prefix) - len(suffix)) // len(pump)) + suffix
+    """`pump` repeated over n characters, between `prefix` and `suffix` (the repeated part is what
+    grows: a text of one pump and one of many take different paths through the rules)."""
+    return prefix + pump * -(-n // len(pump)) + suffix
 
 
 def per_call(text: str) -> float:
