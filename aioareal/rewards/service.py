@@ -148,7 +148,7 @@ class RewardService:
         running = self._threads.submit(work)
         try:
             return await asyncio.wait_for(result, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with self._lock:
                 self._abandoned = [f for f in self._abandoned if not f.done()] + [running]
                 self.stats.hung = len(self._abandoned)
@@ -205,7 +205,7 @@ class RewardService:
         future = self.pool.submit(job.fn, job.args, deadline=deadline)
         try:  # the pool resolves every job by its deadline; the grace only guards against a pool bug
             return await asyncio.wait_for(asyncio.wrap_future(future), deadline - time.monotonic() + GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Outcome("timeout", message="the worker pool did not answer")
 
     # --- counting ----------------------------------------------------------------------------------
