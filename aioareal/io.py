@@ -44,6 +44,42 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+MAX_JSON_DEPTH = 100  # nesting a JSON value read from a user's file may have (docs/reliability.md#bounded-readers)
+
+
+def loads_bounded(text: str) -> Any:
+    """json.loads, refusing (ValueError, as for any malformed JSON) a value nested deeper than
+    MAX_JSON_DEPTH, which would otherwise end in a RecursionError inside the parser. A line with few
+    brackets is passed straight through; only one with many is scanned, once, outside strings."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(text)
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Yield JSON objects from a JSONL file; a malformed line is an error naming file and line number."""
     path = Path(path)
@@ -52,7 +88,7 @@ def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None =
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads_bounded(line)
                 if not isinstance(row, dict):
                     raise ValueError(f"expected a JSON object, got {type(row).__name__}")
             except ValueError as e:
@@ -72,7 +108,7 @@ def repair_jsonl(path: str | Path, keep: Any = None) -> int:
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            row = json.loads(line)
+            row = loads_bounded(line)
         except ValueError:
             continue  # torn by a crash mid-write: only ever the last line
         if keep is None or keep(row):

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..io import atomic_write_text
+from ..io import atomic_write_text, loads_bounded
 from ..models import lora
 from .safe_reader import check_shards
 from .safeload import UnsafeFile, load_plain
@@ -201,7 +201,7 @@ def commit(run_dir: Path, tmp: Path, state: RunState, keep: int) -> Path:
 
 
 def load_state(path: Path) -> RunState:
-    return RunState(**json.loads((path / "state.json").read_text()))
+    return RunState(**loads_bounded((path / "state.json").read_text()))
 
 
 def load_trainer_state(path: Path, device: torch.device) -> dict[str, Any]:

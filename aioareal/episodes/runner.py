@@ -58,7 +58,7 @@ class EpisodeRunner:
         try:
             value = await asyncio.wait_for(self._reward(gen), self.timeout_s)
             failed = gen.score_failures
-        except asyncio.TimeoutError:
+        except TimeoutError:
             value, failed = self._failed(gen, f"ran past its timeout of {self.timeout_s}s"), 1
         except _OwnTimeout as e:
             value, failed = self._failed(gen, f"raised {e}", e.__cause__), 1
@@ -75,7 +75,7 @@ class EpisodeRunner:
     async def _reward(self, gen: EpisodeGen) -> float:
         try:
             value = await self.episode(gen.example, gen)
-        except asyncio.TimeoutError as e:  # the episode's own (its wait_for): not the runner's timeout
+        except TimeoutError as e:  # the episode's own (its wait_for): not the runner's timeout
             raise _OwnTimeout(f"{type(e).__name__}: {e}") from e
         if value is None:  # the task's verdict on the last model turn
             last = next((t for t in reversed(gen.completion.turns) if t.role == MODEL), None)

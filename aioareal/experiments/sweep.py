@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import checkpoint
 from ..checkpoint import is_done
 from ..config import Config, load_config
+from ..config.bounded_yaml import load_yaml
 from ..errors import UserError
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
@@ -55,7 +54,7 @@ class PlannedRun:
 def read_spec(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"sweep file not found: {path}")
-    spec = yaml.safe_load(path.read_text()) or {}
+    spec = load_yaml(path) or {}  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(spec, dict):
         raise UserError(f"{path}: expected a mapping with name, base, set, cases, grid, seeds")
     unknown = set(spec) - SPEC_KEYS

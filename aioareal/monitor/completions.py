@@ -10,12 +10,12 @@ Text is printed with control characters escaped: a model can write terminal esca
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UserError, guarded
+from ..io import loads_bounded
 from .metrics import EVAL_SAMPLES_FILE, SAMPLES_FILE
 
 NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
@@ -57,7 +57,7 @@ def _row(line: str, path: Path, lineno: int) -> dict[str, Any] | None:
     if not line.strip():
         return None
     try:
-        row = json.loads(line)
+        row = loads_bounded(line)
     except ValueError as e:
         raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
     if not isinstance(row, dict):

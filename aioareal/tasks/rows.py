@@ -7,7 +7,6 @@ held-out source (an eval file, or a hub eval split) the held-out set is carved o
 """
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UserError
-from ..io import iter_jsonl
+from ..io import iter_jsonl, loads_bounded
 from .base import Example
 
 Located = list[tuple[str, dict[str, Any]]]  # (where the row is, e.g. "file.jsonl:12", row)
@@ -159,7 +158,7 @@ def _read_jsonl(p: Path, skip_bad: bool, bad: list[int]) -> Located:
 
 def _read_json(p: Path) -> Located:
     try:
-        rows = json.loads(p.read_text(encoding="utf-8"))
+        rows = loads_bounded(p.read_text(encoding="utf-8"))
     except ValueError as e:
         raise DataError(f"{p}: malformed JSON ({e})") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -98,7 +98,7 @@ class ToolBox:
             return f"unknown tool {name!r} (tools: {', '.join(self.by_name) or 'none'})", "unknown"
         try:
             value = await asyncio.wait_for(self._run(tool, arg), tool.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"{name} did not answer within {tool.timeout_s}s", "timeout"
         except Exception as e:  # a tool's bug or its refusal of bad input: an observation, not a crash
             message = (str(e).strip().splitlines() or [""])[0]
