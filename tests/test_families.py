@@ -148,3 +148,20 @@ def test_engine_refuses_an_unsupported_model_in_one_line():
     model = tf.AutoModelForCausalLM.from_config(config)
     with pytest.raises(UserError, match="model_type 'gpt_neox' is not implemented by the engine"):
         engine_for(model)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral-window"])
+def test_the_trainers_attention_computes_soft_caps_and_windows(family):
+    """The project's attention (models/attention.py), which the trainer's forward runs, equals eager
+    attention on Gemma 2's soft-capped scores and on sliding windows (padded batch included)."""
+    from aioareal.models.attention import ATTENTION
+
+    model = family_model(family)
+    ids = torch.arange(4, 20).repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    reference = model(ids, attention_mask=mask).logits
+    model.config._attn_implementation = ATTENTION
+    ours = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(ours[0], reference[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours[1, 5:], reference[1, 5:], atol=1e-4, rtol=1e-4)
