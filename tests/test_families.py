@@ -12,10 +12,13 @@ import torch
 import transformers as tf
 from engine_helpers import generate, new_weights_after, random_groups, reference_logprobs
 
+from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.family_forward import FamilyForward, build_forward
+from aioareal.samples import Completion, Group, Sample
+from aioareal.trainer import Trainer
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -165,3 +168,39 @@ def test_the_trainers_attention_computes_soft_caps_and_windows(family):
     ours = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(ours[0], reference[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ours[1, 5:], reference[1, 5:], atol=1e-4, rtol=1e-4)
+
+
+def shared_prompt_groups() -> list[Group]:
+    """Two groups of two samples each, prompt + completion longer than WINDOW."""
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for gid in range(2):
+        prompt = torch.randint(4, 100, (6 + gid,), generator=gen).tolist()
+        group = Group(gid, prompt, size=2)
+        for i in range(2):
+            tokens = torch.randint(4, 100, (9 + i,), generator=gen).tolist()
+            completion = Completion(tokens, [0.0] * len(tokens), [0] * len(tokens), "stop")
+            group.samples.append(Sample(prompt, completion, 0.0))
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("family", ["mistral-window", "qwen2-window", "gemma2", "gemma3", "granite", "llama"])
+def test_the_trainers_logprobs_equal_the_models_own_forward(family):
+    """The trainer's log-probs are the model's: a windowed model keeps the padded batch (the shared-prompt
+    and tree layouts build masks without windows), and the head's output gets the family's logit
+    transform (Gemma's soft cap, Granite's logits_scaling)."""
+    from aioareal.models.attention import ATTENTION
+
+    model = family_model(family)
+    model.config._attn_implementation = ATTENTION  # as models load for training
+    config = load_config(overrides=["algo.batch_groups=2", "algo.group_size=2"])
+    trainer = Trainer(model, config.algo, config.train, pad_id=0)
+    assert trainer.share_prompts == (family in ("llama", "granite"))  # the windowed ones keep the padded batch
+    groups = shared_prompt_groups()
+    reference = torch.cat([reference_logprobs(model, s.prompt_ids, s.completion.tokens)
+                           for g in groups for s in g.samples])
+    with torch.no_grad():
+        ours = torch.cat([trainer._logprobs(model, mb)[0][mb.loss_mask.bool()]
+                          for part in trainer.pack(groups) for mb in part])
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)

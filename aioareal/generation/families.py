@@ -63,3 +63,13 @@ def _original_length(config: Any, params: dict, rope: str) -> int | None:
         return getattr(config, "max_position_embeddings", None)
     return params.get("original_max_position_embeddings") or getattr(
         config, "original_max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+
+
+def logit_transform(hf_config: Any) -> tuple[float | None, float | None]:
+    """What the family's ForCausalLM does to lm_head's output, which any code calling the head itself
+    (the engine, the trainer's log-probs) must do too: (divisor, soft cap). Granite divides by
+    logits_scaling; Gemma 2 and 3 soft-cap (cap * tanh(logits / cap))."""
+    kind = getattr(hf_config, "model_type", None)
+    divisor = getattr(hf_config, "logits_scaling", None) if kind == "granite" else None
+    cap = getattr(hf_config, "final_logit_softcapping", None) if kind in ("gemma2", "gemma3_text") else None
+    return divisor, cap

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from .families import logit_transform
 from .forward import _HAS_GQA, FastForward, KVCache, check_supported
 from .fusion import FusedLinear, fuse
-from .layer_plan import SOFTCAP_LOGITS, LayerPlan, is_plain, layer_plans
+from .layer_plan import LayerPlan, is_plain, layer_plans
 from .prefix import PrefixLayout
 
 Ropes = dict[str | None, tuple[torch.Tensor, torch.Tensor]]
@@ -47,9 +48,7 @@ class FamilyForward(FastForward):
         config = model.config
         self.windows = sorted({p.window for p in self.plans}, key=lambda w: -1 if w is None else w)
         self.embed_multiplier = getattr(model.model, "embedding_multiplier", None)  # Granite
-        self.logits_divisor = getattr(config, "logits_scaling", None) if config.model_type == "granite" else None
-        self.final_softcap = getattr(config, "final_logit_softcapping", None) \
-            if config.model_type in SOFTCAP_LOGITS else None
+        self.logits_divisor, self.final_softcap = logit_transform(config)
 
     def _fuse_projections(self, enabled: bool) -> None:
         """q/k/v and gate/up fused as in forward.py where they are separate modules; a projection

@@ -33,7 +33,6 @@ NORMS = {
 LLAMA_NORMS = ("input_layernorm", None, "post_attention_layernorm", None)
 WINDOW_FROM_CONFIG = frozenset({"mistral", "phi3"})  # their attention modules keep no sliding_window
 SOFTCAP_ATTENTION = frozenset({"gemma2"})  # Gemma 3 keeps the setting but its attention ignores it
-SOFTCAP_LOGITS = frozenset({"gemma2", "gemma3_text"})
 
 
 @dataclass
@@ -101,3 +100,12 @@ def is_plain(model: PreTrainedModel, plans: list[LayerPlan]) -> bool:
             and all(p.window is None and p.rope and len(p.qkv) == 3 and len(p.gate_up) == 2
                     and abs(p.scale - (p.qkv_sizes[0] // config.num_attention_heads) ** -0.5) < 1e-12
                     for p in plans))
+
+
+def sliding_windows(model: nn.Module) -> set[int]:
+    """The sliding windows any layer of `model` (an HF model, or one wrapped by peft) attends within."""
+    config = model.config
+    found = {m.sliding_window for m in model.modules() if isinstance(getattr(m, "sliding_window", None), int)}
+    if config.model_type in WINDOW_FROM_CONFIG and getattr(config, "sliding_window", None):
+        found.add(int(config.sliding_window))
+    return found
