@@ -18,6 +18,7 @@ from .. import losses
 from ..config import AlgoConfig, TrainConfig
 from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
+from ..generation.layer_plan import sliding_windows
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
@@ -89,11 +90,14 @@ class Trainer:
         # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         compiled = layers_compiled(model)
-        self.share_prompts = collective.size == 1 and not checkpointed and not compiled
+        # The shared-prompt, one-row and tree layouts build masks without sliding windows (Mistral,
+        # Gemma 2/3, ...): a windowed model keeps the padded batch, where the model masks itself.
+        windowed = bool(sliding_windows(model))
+        self.share_prompts = collective.size == 1 and not checkpointed and not compiled and not windowed
         # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
-        self.varlen = not self.share_prompts and use_varlen(train.varlen, self.device, model)
+        self.varlen = not self.share_prompts and not windowed and use_varlen(train.varlen, self.device, model)
         # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
-        self.prefix_tree = use_tree(train.prefix_tree, self.device, model, compiled)
+        self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
         self.oom_retries = 0
