@@ -13,7 +13,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..distributed.reduce import Collective
-from ..generation import Engine, SamplingParams
+from ..generation import SamplingParams
+from ..generation.backends import make_engine
 from ..samples import Group
 from ..tasks.base import Example
 
@@ -33,8 +34,9 @@ class EvalResult:
 
 def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Example], float],
              decode: Callable[[list[int]], str], eos_ids: list[int], max_new_tokens: int,
-             max_slots: int = 256) -> EvalResult:
-    """Greedy pass rate of `model` on the held-out set (runs on the model's own device)."""
+             max_slots: int = 256, backend: str = "auto") -> EvalResult:
+    """Greedy pass rate of `model` on the held-out set (runs on the model's own device), generated
+    by `backend` (generation.backend: generation/backends.py)."""
     if not eval_set.examples:
         return EvalResult(float("nan"), 0.0, 0)
     was_training = model.training
@@ -42,8 +44,8 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, score: Callable[[str, Ex
     # fuse=False: `model` is the trainer's own (or its gathered mirror, which checkpoints export);
     # fusing would make its q/k/v and gate/up parameters share storage, which save_pretrained
     # refuses and FSDP or a later `.to()` would silently undo (generation/fusion.py).
-    engine = Engine(model, eos_ids, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
-                    params=SamplingParams(greedy=True, max_new_tokens=max_new_tokens), fuse=False)
+    engine = make_engine(model, eos_ids, min(max_slots, len(eval_set.examples)), max_len,
+                         SamplingParams(greedy=True, max_new_tokens=max_new_tokens), backend, fuse=False)
     for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples)):
         engine.submit(Group(i, ids, 1, example))
     completions: dict[int, list[int]] = {}

@@ -13,6 +13,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from .body import decoder, head
 from .fused_logprobs import fused_head_applies, fused_selected_logprobs
 from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
@@ -66,7 +67,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     with `tree` each distinct prefix is computed once (trainer/prefix_tree.py)."""
     if tree is not None:
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
-        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, model.lm_head,
+        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, head(model),
                                                   temperature, chunk)
         return _scatter(loss_mask, logp_pairs.index_select(0, tree.pair_index),
                         ent_pairs.index_select(0, tree.pair_index))
@@ -74,21 +75,21 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
-        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
-                             **varlen.kwargs()).last_hidden_state
+        hidden = decoder(model)(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
+                                 **varlen.kwargs()).last_hidden_state
         selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
     elif share is None:
         # No KV cache: a training forward never reads one back, and with compiled layers
         # (trainer/compiled.py) each layer's cache entry would be a guard, one graph per layer.
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
-                             use_cache=False).last_hidden_state  # (b, L, H)
+        hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
     else:  # row-major over the targets, the same order as loss_mask's
         selected = shared_hidden(model, share)[share.target_mask]  # (n, H)
         targets = share.targets[share.target_mask]
-    return _scatter(loss_mask, *selected_logprobs(selected, targets, model.lm_head, temperature, chunk))
+    return _scatter(loss_mask, *selected_logprobs(selected, targets, head(model), temperature, chunk))
 
 
 def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor,
