@@ -9,12 +9,12 @@ the engine. The host side is the engine's own `Scheduler`; only the forward diff
 
 Every logit comes from the model's `forward`, so whatever the model implements (its attention,
 norms, RoPE variant, sliding window, MoE routing) is what samples: slower than the engine, but the
-behaviour log-probs are the model's. The sequences one unit (a group or an episode's turn) admitted
-form a *cohort*: they share one prefill and hold equally long contexts forever after (one token
-each per step), so a cohort decodes as one batch over one transformers `DynamicCache`, with no
-padding and no attention mask; a finished sequence's row is dropped from it. Each step costs one
-forward per cohort. A new version mid-rollout re-prefills every cohort's rows under the new
-weights (`recompute_kv`, the default), as the engine does.
+behaviour log-probs are the model's. The sequences admitted in one step with equally long prompts
+form a *cohort*: they share one prefill (each unit's prompt computed once) and hold equally long
+contexts forever after (one token each per step), so a cohort decodes as one batch over one
+transformers `DynamicCache`, with no padding and no attention mask; a finished sequence's row is
+dropped from it. Each step costs one forward per cohort. A new version mid-rollout re-prefills
+every cohort's rows under the new weights (`recompute_kv`, the default), as the engine does.
 """
 from __future__ import annotations
 
@@ -153,22 +153,28 @@ class HFEngine:
         return DynamicCache(config=self.model.config)
 
     def _prefill(self, units: list[Group | TurnRequest], admitted: list[Running]) -> torch.Tensor:
-        """One forward per admitted unit (its prompt, or an episode's history), its rows' first
-        tokens sampled from the shared logits; returns (2, len(admitted))."""
-        parts, row = [], 0
-        for unit in units:
-            rows = admitted[row:row + unit.size]
+        """One forward per context length over the admitted units of that length (their prompts,
+        or episodes' histories), each unit's rows sampling their first tokens from its logits; the
+        rows of one length form one cohort. Returns (2, len(admitted)) in `admitted`'s order."""
+        out = torch.zeros(2, len(admitted), device=self.device)
+        by_length: dict[int, list[tuple[Group | TurnRequest, int]]] = {}
+        row = 0
+        for unit in units:  # `admitted` holds each unit's rows consecutively, in the order of `units`
+            by_length.setdefault(len(unit.prompt_ids), []).append((unit, row))
             row += unit.size
+        for same in by_length.values():
             cache = self._new_cache()
-            logits = self._forward(torch.tensor([unit.prompt_ids], device=self.device), cache)
-            if unit.size > 1:
-                cache.batch_repeat_interleave(unit.size)
-            tok, lp = sample(logits.expand(unit.size, -1), self.params, self.generator)
-            self.cohorts.append(Cohort(rows, cache, tok))
-            for r in rows:
-                self.running[r.slot] = r
-            parts.append(torch.stack([tok.to(torch.float32), lp]))
-        return torch.cat(parts, dim=1) if parts else torch.zeros(2, 0, device=self.device)
+            logits = self._forward(torch.tensor([u.prompt_ids for u, _ in same], device=self.device), cache)
+            expand = torch.tensor([i for i, (u, _) in enumerate(same) for _ in range(u.size)], device=self.device)
+            if len(expand) > len(same):
+                cache.batch_select_indices(expand)  # each unit's row once per sample
+            tok, lp = sample(logits[expand], self.params, self.generator)
+            positions = [p for u, first in same for p in range(first, first + u.size)]
+            self.cohorts.append(Cohort([admitted[p] for p in positions], cache, tok))
+            out[:, positions] = torch.stack([tok.to(torch.float32), lp])
+        for r in admitted:
+            self.running[r.slot] = r
+        return out
 
     def _decode(self) -> torch.Tensor:
         """One token for every cohort's rows, (2, max slot + 1) with each row at its slot."""
