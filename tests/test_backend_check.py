@@ -21,7 +21,7 @@ from aioareal.run import recipe
 from aioareal.run.recipe import train
 from aioareal.trainer.step import check_gap
 
-SMALL = ["train.steps=1", "eval.every=0", "algo.batch_groups=2", "algo.group_size=2", "data.eval_size=8",
+SMALL = ["train.steps=1", "eval.every=0", "algo.batch_groups=2", "algo.group_size=2",
          "model.dtype=float32"]
 
 

@@ -19,6 +19,7 @@ from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.backends import choose, make_engine
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.hf_backend import HFEngine
+from aioareal.generation.turns import TurnRequest
 from aioareal.run.recipe import train
 
 EOS = [3, 5, 52]
@@ -133,10 +134,35 @@ def tiny_neox_dir(tmp_path, tiny_model_path):
 def test_one_rl_step_of_a_gpt_neox_model_on_auto(tmp_path, tiny_model_path):
     """The public path: a model the engine does not implement trains on the fallback, which says so."""
     lines = []
-    config = load_config(overrides=["train.steps=1", "eval.every=0", "generation.backend=auto",
+    config = load_config(overrides=["train.steps=1", "eval.every=0", "generation.backend=auto", "algo.batch_groups=4",
                                     f"model.name={tiny_neox_dir(tmp_path, tiny_model_path)}", "model.dtype=float32"],
                          flags={"run.run_dir": str(tmp_path / "run")})
     run_dir = train(config, log=lines.append, printer=lambda row: None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and rows[-1]["logprob_gap_max"] < 1e-3, rows[-1]
     assert sum("model_type gpt_neox runs on the HF fallback backend (slower)" in line for line in lines) == 1
+
+
+def test_episode_turns_pause_at_stop_strings_and_resume():
+    """Episodes' turns on the fallback: a sequence pauses at a stop string, the world's tokens are
+    appended, the next turn prefills the whole history; model tokens keep the forward's log-probs."""
+    from test_engine_turns import STOP, new_group, observe, run_turns
+
+    model = scaled(gpt_neox())
+    engine = HFEngine(model, EOS, num_slots=4, max_len=64, params=SamplingParams(max_new_tokens=40), seed=1)
+    group = new_group()
+    assert sorted(i for _, i in run_turns(engine, [TurnRequest(group, [0, 1, 2], STOP)])) == [0, 1, 2]
+    resumed = 0
+    for round_ in range(3):
+        requests = [TurnRequest(group, [i], STOP, max_tokens=6) for i, c in enumerate(group.completions)
+                    if c.finish_reason == "stop_string" and len(c.tokens) < 30]
+        for request in requests:
+            observe(group, request.indices[0], [40 + round_, 41, 42])
+        resumed += len(requests)
+        run_turns(engine, requests)
+    assert resumed >= 1 and not engine.running and len(engine.free) == 4
+    for c in group.completions:
+        ref = reference_logprobs(model, group.prompt_ids, c.tokens)
+        mask = c.model_mask() or [True] * len(c.tokens)
+        got = torch.tensor([lp for lp, m in zip(c.logprobs, mask) if m])
+        torch.testing.assert_close(got, ref[torch.tensor(mask)], atol=1e-4, rtol=1e-4)
