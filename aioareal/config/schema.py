@@ -188,8 +188,8 @@ class TrainConfig:
     prefix_tree: bool | Literal["auto"] = doc("compute each distinct prefix of a micro-batch once, its sequences as a "
                                               "trie (identical completions, shared prompts); auto = on the CPU, for "
                                               "micro-batches where it computes at most 0.8x the positions", "auto")
-    max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (engine vs trainer, nats) exceeds this; "
-                                 "0 = by dtype: 0.05 when both compute in fp32, else 1.0", 0.0)
+    max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
+                                 "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")

@@ -4,6 +4,7 @@ the trainer and the workers the same way."""
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,7 +227,9 @@ def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = ke
                       autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
                       loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
     fp32 = models.gen.get_input_embeddings().weight.dtype == torch.float32 and trainer.autocast_dtype is None
-    trainer.max_logprob_gap = config.train.max_logprob_gap or (0.05 if fp32 else 1.0)
+    # A kept stale KV cache (generation.recompute_kv=false) is a gap the user chose: no default bound then.
+    default = (0.05 if fp32 else 1.0) if config.generation.recompute_kv else math.inf
+    trainer.max_logprob_gap = config.train.max_logprob_gap or default
     return trainer
 
 
