@@ -137,6 +137,9 @@ class GenerationConfig:
     shared_prefix: bool = doc(
         "decode attention reads each group's prompt keys once instead of once per sample (generation/prefix.py); "
         "eager decode only (not with CUDA graphs or generation.compile); off until measured on a GPU", False)
+    backend: Literal["auto", "engine", "hf"] = doc("auto | engine | hf: the fast engine (the families it implements) "
+                                                   "or the fallback over the model's own forward (any causal LM, "
+                                                   "slower); auto = the engine where it is exact, else hf", "auto")
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
@@ -186,11 +189,14 @@ class TrainConfig:
     prefix_tree: bool | Literal["auto"] = doc("compute each distinct prefix of a micro-batch once, its sequences as a "
                                               "trie (identical completions, shared prompts); auto = on the CPU, for "
                                               "micro-batches where it computes at most 0.8x the positions", "auto")
+    max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
+                                 "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
         check(self.micro_batch_tokens > 0, "train.micro_batch_tokens", f"must be > 0, got {self.micro_batch_tokens}")
         check(self.logprob_chunk > 0, "train.logprob_chunk", f"must be > 0, got {self.logprob_chunk}")
+        check(self.max_logprob_gap >= 0, "train.max_logprob_gap", f"must be >= 0, got {self.max_logprob_gap}")
 
 
 @dataclass

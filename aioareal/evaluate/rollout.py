@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
-from ..generation import Engine, SamplingParams
+from ..generation import SamplingParams
+from ..generation.backends import make_engine
 from ..rewards.service import RewardService
 from ..samples import Completion, Group
 from ..tasks.base import Example
@@ -32,12 +33,14 @@ class Scored:
 
 
 def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[list[int]], examples: Sequence[Example],
-             size: int, params: SamplingParams, seed: int, progress: Progress) -> list[list[Completion]]:
-    """`size` completions of every prompt, in prompt order; `progress` hears of each finished prompt."""
+             size: int, params: SamplingParams, seed: int, progress: Progress,
+             backend: str = "auto") -> list[list[Completion]]:
+    """`size` completions of every prompt, in prompt order, by `backend` (generation.backend:
+    generation/backends.py); `progress` hears of each finished prompt."""
     max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
     slots = max(size, min(MAX_SLOTS, size * len(prompt_ids)))
     # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/fusion.py).
-    engine = Engine(model, eos_ids, num_slots=slots, max_len=max_len, params=params, seed=seed, fuse=False)
+    engine = make_engine(model, eos_ids, slots, max_len, params, backend, seed=seed, fuse=False)
     for i, (ids, example) in enumerate(zip(prompt_ids, examples)):
         engine.submit(Group(i, ids, size, example))
     done: dict[int, list[Completion]] = {}

@@ -14,7 +14,8 @@ from ..config import Config
 from ..episodes import Codec, Episode, EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
 from ..episodes.local import drive
 from ..errors import ConfigError
-from ..generation import Engine, SamplingParams
+from ..generation import SamplingParams
+from ..generation.backends import make_engine
 from ..orchestrator.episodes import EpisodeWorker
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
@@ -88,8 +89,9 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + budget
     # fuse=False: the trainer's own model (see run/evaluation.py).
-    engine = Engine(model, eos, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
-                    params=SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
+    engine = make_engine(model, eos, min(max_slots, len(eval_set.examples)), max_len,
+                         SamplingParams(greedy=True, max_new_tokens=budget), setup.config.generation.backend,
+                         fuse=False)
     queue = TurnQueue(setup.codec.decode_raw)
 
     async def scored(text: str, example: Example) -> tuple[float, bool]:

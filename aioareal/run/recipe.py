@@ -21,7 +21,7 @@ from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
 from ..devices import cpu_threads, threads_restored
 from ..errors import RunStopped, UserError
-from ..generation import Engine
+from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
 from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
@@ -39,6 +39,7 @@ from .build import (
     build_rewards,
     build_trainer,
     build_workers,
+    check_engine,
     engine_context,
     model_path,
 )
@@ -56,7 +57,7 @@ class Parts:
     config: Config
     run_dir: Path
     cell: Cell  # one process, or this rank's place in a torchrun job
-    engine: Engine
+    engine: Backend
     generator: EngineWorker | EpisodeWorker  # EpisodeWorker with data.episode
     trainer: TrainerWorker
     rewards: RewardService
@@ -94,8 +95,9 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     if config.model.lora_rank:
         log(lora.describe(models.train))
     eos = eos_token_ids(models.gen, tokenizer)
-    engine = build_engine(config, models.gen, eos, engine_context(config, models.gen, prompts),
-                          seed=cell.engine_seed(config))
+    max_len, seed = engine_context(config, models.gen, prompts), cell.engine_seed(config)
+    engine = build_engine(config, models.gen, eos, max_len, seed=seed, log=log)
+    engine = check_engine(config, engine, models.gen, eos, max_len, prompts.train_ids[prompts.train[0].uid], seed, log)
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     kept = KeptCompletions()

@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from ..generation.families import logit_transform
+from .body import decoder, head
 from .fused_logprobs import fused_head_applies, fused_selected_logprobs
 from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
@@ -76,9 +77,9 @@ class TransformedHead(torch.nn.Module):
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
-    """model.lm_head, with the model's logit transform where its family has one."""
+    """The model's LM head (trainer/body.py), with the model's logit transform where its family has one."""
     divisor, cap = logit_transform(getattr(model, "config", None))
-    return model.lm_head if divisor is None and cap is None else TransformedHead(model.lm_head, divisor, cap)
+    return head(model) if divisor is None and cap is None else TransformedHead(head(model), divisor, cap)
 
 
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -101,15 +102,15 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
-        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
-                             **varlen.kwargs()).last_hidden_state
+        hidden = decoder(model)(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
+                                 **varlen.kwargs()).last_hidden_state
         selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
     elif share is None:
         # No KV cache: a training forward never reads one back, and with compiled layers
         # (trainer/compiled.py) each layer's cache entry would be a guard, one graph per layer.
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
-                             use_cache=False).last_hidden_state  # (b, L, H)
+        hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
     else:  # row-major over the targets, the same order as loss_mask's

@@ -68,6 +68,7 @@ class Trainer:
         self.collective = collective
         self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
         self.loss_constant = float(loss_constant or 0.0)
+        self.max_logprob_gap = math.inf  # train.max_logprob_gap, set by run/build.py (step.py checks it)
         self.device = next(model.parameters()).device
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         self.params = [p for p in model.parameters() if p.requires_grad]
