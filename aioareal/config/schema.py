@@ -12,6 +12,7 @@ from typing import Literal
 from .algo import AlgoConfig
 from .fields import check, doc
 from .tools import ToolsConfig
+from .warmup import WarmupConfig
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -211,36 +212,6 @@ class EvalConfig:
         check(self.every >= 0, "eval.every", f"must be >= 0, got {self.every}")
         check(self.samples >= 0, "eval.samples", f"must be >= 0 (0 = greedy only), got {self.samples}")
         check(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
-
-
-@dataclass
-class WarmupConfig:
-    target_pass_rate: float = doc("tiny model: supervised warm-start stops at this held-out pass rate", 0.3)
-    max_steps: int = doc("tiny model: warm-start step limit", 3000)
-    batch_size: int = doc("tiny model: warm-start batch size", 128)
-    lr: float = doc("tiny model: warm-start learning rate", 1e-3)
-    ops: str = doc("tiny model: operators of the warm-start's sums (empty = arithmetic.ops)", "")
-    digits: int = doc("tiny model: operands of 1 to this many digits in the warm-start, each length equally "
-                      "likely (0 = arithmetic.digits, drawn as the task draws them)", 0)
-    calls: bool = doc("tiny model: teach the calculator episode's call format (a+b=[a+b]{c}c) instead "
-                      "of direct answers (the calculator episode's warm-start)", False)
-
-    extra_ops: str = doc("tiny model: operators the warm-start also teaches with one short operand "
-                         "(warmup.extra_digits; the other of up to warmup.digits), a quarter of each batch", "")
-    extra_digits: int = doc("tiny model: max digits of the short operand of those (1: products by one digit, "
-                            "12345*6 and 6*12345)", 1)
-    extra_calls: float = doc("tiny model: the fraction of those taught in the calculator's call format (with "
-                             "warmup.calls; the rest answered directly)", 0.0)
-
-    def __post_init__(self) -> None:
-        check(not set(self.ops) - set("+-*%"), "warmup.ops", f"must use only '+-*%', got '{self.ops}'")
-        check(not set(self.extra_ops) - set("+-*%"), "warmup.extra_ops", f"must use only '+-*%', got "
-              f"'{self.extra_ops}'")
-        check(0 <= self.extra_calls <= 1, "warmup.extra_calls", f"must be in 0..1, got {self.extra_calls}")
-        check(1 <= self.extra_digits <= 6, "warmup.extra_digits", f"must be in 1..6, got {self.extra_digits}")
-        check(0 <= self.digits <= 6, "warmup.digits", f"must be in 0..6, got {self.digits}")
-        check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
-              f"must be in (0, 1), got {self.target_pass_rate}")
 
 
 @dataclass
