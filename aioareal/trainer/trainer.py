@@ -85,6 +85,15 @@ class Trainer:
             raise UserError("model.train_dtype resolves to float16, which is not supported on several ranks "
                             "(the loss scaler would skip steps on some ranks only); set model.train_dtype=bfloat16 "
                             "or float32")
+        self._choose_layouts(model, train, collective)
+        self.version = 0
+        self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
+        self.oom_retries = 0
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+
+    def _choose_layouts(self, model: PreTrainedModel, train: TrainConfig, collective: Collective) -> None:
+        """Which micro-batch layouts the log-probs may use (trainer/batching.py)."""
         # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
         # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
         # Gradient checkpointing drops the prompts' KV cache the shared path needs.
@@ -99,11 +108,6 @@ class Trainer:
         self.varlen = not self.share_prompts and not windowed and use_varlen(train.varlen, self.device, model)
         # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
         self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
-        self.version = 0
-        self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
-        self.oom_retries = 0
-        self.skipped_updates = 0
-        self.consecutive_skips = 0
 
     def _autocast(self):
         if self.autocast_dtype is None:
