@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .spawn import CONTEXT, start_worker
+from .spawn import CONTEXT, DEFAULT_MEMORY_MB, start_worker
 from .worker import Deferred, Outcome, serve
 
 __all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
@@ -63,8 +63,8 @@ class _Worker:
 class WorkerPool:
     """`size` spawned worker processes; thread-safe; nothing starts until `start` or the first job."""
 
-    def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
-        self.size, self.preload, self.pid = size, tuple(preload), os.getpid()
+    def __init__(self, size: int, preload: tuple[str, ...] = (), memory_limit_mb: int = DEFAULT_MEMORY_MB) -> None:
+        self.size, self.preload, self.pid, self.memory_limit_mb = size, tuple(preload), os.getpid(), memory_limit_mb
         self.restarts = 0  # workers killed (timeout) or lost (crash) and replaced
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
@@ -254,7 +254,7 @@ class WorkerPool:
             _resolve(self._queue.popleft(), Outcome("error", message=message))
 
     def _spawn(self) -> _Worker:
-        return _Worker(*start_worker(self.preload))
+        return _Worker(*start_worker(self.preload, self.memory_limit_mb))
 
     def _wake(self) -> None:
         """Interrupt the dispatcher's wait. At most one wake-up is ever in the pipe: a full pipe
@@ -279,14 +279,17 @@ _shared: WorkerPool | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
-    """The process-wide pool, grown to the largest `size` and every `preload` asked for."""
+def shared_pool(size: int = 2, preload: tuple[str, ...] = (), memory_limit_mb: int | None = None) -> WorkerPool:
+    """The process-wide pool, grown to the largest `size` and every `preload` asked for (and the workers it
+    starts from now on capped at `memory_limit_mb`, when given)."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared._closed or _shared.pid != os.getpid():  # a forked child starts its own
             _shared = WorkerPool(size, preload)
         else:
             _shared.start(preload, size, spawn=False)
+        if memory_limit_mb is not None:
+            _shared.memory_limit_mb = memory_limit_mb
         return _shared
 
 
