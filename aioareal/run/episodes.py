@@ -105,9 +105,13 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
         # Off this loop: `score` may wait up to reward.timeout_s for a user's reward function.
         return await asyncio.to_thread(score, text, example), False
 
-    runner = setup.runner(queue, setup.toolbox(seed_offset=1), scored, budget, log=lambda line: None)
+    tools = setup.toolbox(seed_offset=1)
+    runner = setup.runner(queue, tools, scored, budget, log=lambda line: None)
     groups = [Group(i, ids, 1, example) for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples))]
-    outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
+    try:
+        outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
+    finally:
+        tools.close()
     model.train(was_training)
     completions = [g.completions[0] for g in groups]
     return {"eval_pass_rate": fmean(rewards[0] for rewards, _ in outcomes),

@@ -154,6 +154,12 @@ class ToolBox:
             self._loop = ToolLoop()
         return self._loop
 
+    def close(self) -> None:
+        """Let the async tools' loop end once its calls have (a box made per evaluation leaves no thread)."""
+        if self._loop is not None:
+            self._loop.retire()
+            self._loop = None
+
     def _retire_loop(self) -> None:
         assert self._loop is not None
         self._loop.retire()
