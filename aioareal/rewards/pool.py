@@ -1,22 +1,20 @@
 """Worker processes for verifier work that may never end, killed and replaced when it overruns.
 
-Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating
-`9^{9^{9}}`) stalls every thread of the process, the event loop included. A process can be killed.
-So work that may run unbounded is handed over as a `Deferred` ('module:function' plus arguments)
-and runs in a worker; the cheap numeric checks stay in-process.
+Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating `9^{9^{9}}`) stalls
+every thread of the process, the event loop included. A process can be killed. So work that may run unbounded
+is handed over as a `Deferred` ('module:function' plus arguments) and runs in a worker; cheap checks stay here.
 
 Design, and what it costs:
-- Workers are spawned (`spawn.py`) and reused across jobs; they import only the standard
-  library, `preload`, and what their jobs name.
+- Workers are spawned (`spawn.py`) and reused; they import only the standard library, `preload`, what jobs name.
 - One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their pipes
   and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On expiry it
   kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement, whose start-up
   (about half a second with sympy) is charged to no job. (`ProcessPoolExecutor` cannot do this:
   killing one of its workers breaks the whole executor.)
-- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has
-  started or not (the reward service gives all jobs of one call the call's deadline).
-- Workers end with the parent: `close` (also run at interpreter exit) kills them, and a worker whose
-  parent vanished sees its pipe close and exits.
+- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has started or
+  not (the reward service gives all jobs of one call the call's deadline). One that ran out of memory under
+  the workers' limit (`worker.limit_memory`) is an error, and its worker is replaced too.
+- Workers end with the parent (`close`, also run at exit, kills them; an orphan sees its pipe close).
 """
 from __future__ import annotations
 
@@ -223,6 +221,9 @@ class WorkerPool:
         elif worker.job is not None:
             job, worker.job = worker.job, None
             _resolve(job, Outcome("ok", value) if status == "ok" else Outcome("error", message=value))
+            if status == "error" and value.startswith("MemoryError"):  # ran out under its limit: a fresh one
+                self._stop(worker, "")
+                self.restarts, self._workers[index] = self.restarts + 1, self._spawn()
 
     def _lost(self, index: int, worker: _Worker) -> None:
         """A worker died on its own (crash, out of memory, killed from outside): replace it."""
@@ -280,8 +281,7 @@ _shared_lock = threading.Lock()
 
 
 def shared_pool(size: int = 2, preload: tuple[str, ...] = (), memory_limit_mb: int | None = None) -> WorkerPool:
-    """The process-wide pool, grown to the largest `size` and every `preload` asked for (and the workers it
-    starts from now on capped at `memory_limit_mb`, when given)."""
+    """The process-wide pool, grown to the largest `size` and every `preload`; new workers capped at the limit."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared._closed or _shared.pid != os.getpid():  # a forked child starts its own

@@ -10,8 +10,8 @@ that (or a kill) into an `Outcome`. Before its first job a worker announces `("r
 the parent can tell a slow start from a slow job. Both types live here: they are the protocol.
 
 A worker may run under a memory limit (`reward.memory_limit_mb`: RLIMIT_AS, set before anything is
-imported): a job that allocates past it fails with MemoryError, reported as its error, and the worker
-then exits, so that the pool replaces it with a fresh one rather than reuse a process that ran out.
+imported): a job that allocates past it fails with MemoryError, reported as its error, and the pool
+then replaces this worker with a fresh one rather than reuse a process that ran out.
 """
 from __future__ import annotations
 
@@ -94,8 +94,6 @@ def serve(conn: Connection, preload: tuple[str, ...], memory_limit_mb: int = 0) 
             conn.send(reply)
         except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot travel back
             conn.send(("error", f"unpicklable result: {type(e).__name__}: {e}"[:500]))
-        if reply[0] == "error" and reply[1].startswith("MemoryError"):
-            return  # ran out of memory: exit, and the pool starts a fresh worker in this one's place
 
 
 def _call(fn: str, args: tuple[Any, ...]) -> tuple[str, Any]:
