@@ -199,3 +199,24 @@ def test_a_reward_that_allocates_past_the_memory_limit_is_a_counted_error(tmp_pa
         assert pool.restarts == 1  # the worker that ran out exited and was replaced
     finally:
         pool.close()
+
+
+def test_bounded_threads_queue_work_beyond_the_limit_and_refuse_only_when_all_are_stuck() -> None:
+    from aioareal.rewards.threads import BoundedThreads, Saturated
+
+    threads = BoundedThreads(3, "test")
+    quick = [threads.submit(lambda i=i: i * i) for i in range(20)]  # more calls than threads: they queue
+    assert [f.result(timeout=30) for f in quick] == [i * i for i in range(20)] and threads.threads <= 3
+    gate = threading.Event()
+    stuck = [threads.submit(lambda: gate.wait(60)) for _ in range(3)]
+    deadline = time.monotonic() + 30
+    while not all(f.running() for f in stuck) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for f in stuck:
+        threads.abandon(f)  # their callers gave up while they ran: the threads stay held
+    assert threads.stuck == 3
+    with pytest.raises(Saturated):
+        threads.submit(lambda: 1)
+    gate.set()
+    assert all(f.result(timeout=30) for f in stuck)
+    assert threads.submit(lambda: 7).result(timeout=30) == 7 and threads.threads == 3
