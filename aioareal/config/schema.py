@@ -111,10 +111,15 @@ class RewardConfig:
     isolation: Literal["thread", "process"] = doc(
         "where reward.functions run: thread (nothing needs to pickle; a hung call can only be abandoned) or process "
         "(spawned workers, killed on timeout; functions and columns must pickle)", "thread")
+    memory_limit_mb: int = doc(
+        "address-space limit of each reward worker process, in MiB (RLIMIT_AS, POSIX): a check that allocates past "
+        "it fails (reward_errors) and its worker is replaced; 0 = no limit", 4096)
 
     def __post_init__(self) -> None:
         check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")
         check(self.timeout_s > 0, "reward.timeout_s", f"must be > 0, got {self.timeout_s}")
+        check(self.memory_limit_mb >= 0, "reward.memory_limit_mb", f"must be >= 0 (0 = no limit), got "
+              f"{self.memory_limit_mb}")
         check(not self.weights or len(self.weights) == len(self.functions), "reward.weights",
               f"has {len(self.weights)} entries for {len(self.functions)} reward.functions")
 

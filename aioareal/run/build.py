@@ -259,13 +259,21 @@ def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, t
     max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
 
     def run_eval() -> dict[str, float]:
+        failed_before = getattr(task, "failures", 0)  # reward functions' failures (tasks/reward_functions.py)
         result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens, e.samples, e.temperature,
                           config.run.seed, backend=config.generation.backend)
         if keep is not None:
             keep.put(result.rows)
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures}
+        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures,
+                **eval_failures(task, failed_before)}
     return run_eval
 
 
+def eval_failures(task: Task, before: int) -> dict[str, float]:
+    """`eval_reward_failures`: the held-out completions whose reward functions failed in this evaluation."""
+    return {"eval_reward_failures": task.failures - before} if hasattr(task, "failures") else {}
+
+
 def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:
-    return RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)
+    r = config.reward
+    return RewardService(build_scorer(config, task), decode, r.workers, r.timeout_s, memory_limit_mb=r.memory_limit_mb)

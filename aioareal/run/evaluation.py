@@ -117,10 +117,12 @@ def sharded_evaluator(evaluate_shard: Evaluator, refresh: Callable[[], object], 
     def run() -> dict[str, float]:
         refresh()
         local = evaluate_shard() if shard_size else {"eval_pass_rate": 0.0, "eval_len_mean": 0.0}
-        sums = torch.tensor([local["eval_pass_rate"] * shard_size, local["eval_len_mean"] * shard_size, shard_size],
-                            dtype=torch.float64)
-        passed, length, n = collective.sum_(sums).tolist()
+        failed = local.get("eval_reward_failures")  # present when reward functions score (any rank alike)
+        sums = torch.tensor([local["eval_pass_rate"] * shard_size, local["eval_len_mean"] * shard_size, shard_size,
+                             failed or 0], dtype=torch.float64)
+        passed, length, n, failures = collective.sum_(sums).tolist()
+        counted = {} if failed is None else {"eval_reward_failures": failures}
         if n == 0:
-            return {"eval_pass_rate": math.nan, "eval_len_mean": 0.0}
-        return {"eval_pass_rate": passed / n, "eval_len_mean": length / n}
+            return {"eval_pass_rate": math.nan, "eval_len_mean": 0.0, **counted}
+        return {"eval_pass_rate": passed / n, "eval_len_mean": length / n, **counted}
     return run
