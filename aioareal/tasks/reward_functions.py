@@ -182,7 +182,8 @@ class WeightedRewards:
         completions = as_completions(texts, columns)
         for fn in self.functions:
             if isolation == "process":
-                outcome = caller.call(Deferred(f"{ISOLATED}:check_in_worker", (fn.spec, completions, columns)), (ISOLATED,))
+                call = Deferred(f"{ISOLATED}:check_in_worker", (fn.spec, completions, columns))
+                outcome = caller.call(call, (ISOLATED,))
             else:
                 outcome = caller.call(lambda fn=fn: fn(completions, columns))
             if not outcome.ok:
