@@ -85,11 +85,12 @@ def profile_note(args: argparse.Namespace) -> None:
 
     config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
     taken = [k for k, source in sources.items() if source.startswith("profile")]
-    if taken:
+    if taken:  # on stdout, beside the resolved config the run prints: a note, not an error
+        start = "configs/smollm2-sums.yaml" if config.data.task == "arithmetic" else "configs/qwen2.5-0.5b-gsm8k.yaml"
         print(f"model.name={config.model.name} without --config: {len(taken)} defaults from the 'pretrained' "
               f"profile (algo.lr={config.algo.lr:g}, generation.max_new_tokens={config.generation.max_new_tokens}, "
               f"train.steps={config.train.steps}; all: python -m aioareal config --sources); a full config to start "
-              "from: configs/qwen2.5-0.5b-gsm8k.yaml")  # stdout, with the run's log: stderr is for errors
+              f"from: {start}")
 
 
 def _quiet(*_: object) -> None:

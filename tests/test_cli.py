@@ -144,9 +144,9 @@ def test_a_run_on_a_pretrained_model_says_which_defaults_it_took(capsys):
     from aioareal.cli import profile_note, train_parser
 
     profile_note(train_parser().parse_intermixed_args(["model.name=Qwen/Qwen2.5-0.5B-Instruct", "data.task=gsm8k"]))
-    note = capsys.readouterr().out.strip()
-    assert note.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(note.splitlines()) == 1
-    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in note
-    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in note
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(out.splitlines()) == 1
+    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in out
+    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in out
     profile_note(train_parser().parse_intermixed_args(["model.name=random:tiny"]))
     assert capsys.readouterr().out == ""

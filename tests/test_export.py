@@ -153,3 +153,15 @@ def test_a_saved_character_tokenizer_loads_back_as_saved(tmp_path):
     policy = tiny_run(tmp_path) / "checkpoints" / "step-000002" / "policy"
     text = "<|im_start|>user\n1 + 2?<|im_end|>\n"
     assert load_tokenizer(str(policy))(text)["input_ids"] == load_tokenizer("random:tiny")(text)["input_ids"]
+
+
+def test_without_the_gguf_package_the_export_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    run = tiny_run(tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "gguf" else real(n, *a))
+    assert main(["export", str(run), "--gguf", str(tmp_path / "t.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: export: writing a GGUF file needs the gguf package: pip install 'aioareal[gguf]' "
+                   "(or pip install gguf)")

@@ -11,6 +11,7 @@ destination and renamed, so a failed export leaves no half-written GGUF (docs/ar
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .gguf_convert import require_packages
+from .gguf_convert import INSTALL_HINT
 from .gguf_vocab import vocab_of, write_vocab
 
 TYPES = ("f16", "q8_0")
@@ -35,9 +36,10 @@ LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
 
 def export_gguf(model: Any, tokenizer: Any, out: Path, qtype: str = "f16", name: str = "aioareal") -> Path:
     """Write `model` (a transformers llama/qwen2 causal LM) and `tokenizer` to the GGUF file `out`."""
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"export: writing a GGUF file needs the gguf package: {INSTALL_HINT} (or pip install gguf)")
     import gguf
 
-    require_packages(out)
     arch = model.config.model_type
     if arch not in ARCHITECTURES:
         raise UserError(f"export: a {arch} model; GGUF export writes {' and '.join(ARCHITECTURES)} models")
