@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, reading
 from .limits import check_value
 from .schema import Config
 
@@ -85,15 +85,19 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             value = _float_or_none(value)  # YAML 1.1 reads '1e-5' as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {value!r}")
-        try:
-            return float(value)
-        except OverflowError:  # an int past float's range (~1.8e308)
-            raise ConfigError(key, f"number too large for a float ({len(str(value))} digits)") from None
+        return _to_float(value, key)
     if annotation is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(key, f"expected a string, got {value!r}")
         return str(value)
     raise TypeError(f"unsupported annotation {annotation!r} for {key}")
+
+
+def _to_float(value: int | float, key: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range (~1.8e308)
+        raise ConfigError(key, f"number too large for a float ({len(str(value))} digits)") from None
 
 
 def _yaml_scalar(text: str, key: str) -> Any:
@@ -124,7 +128,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        with reading(path, "a YAML mapping of config sections"):  # not UTF-8, unreadable, too deep
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""

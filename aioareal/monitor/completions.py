@@ -9,12 +9,12 @@ escaped: a model can write terminal escape sequences.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, UserError, guarded
+from ..errors import DataError, UserError, guarded, reading, terminal_safe
+from ..io import jsonl_lines, parse_row
 from .metrics import SAMPLES_FILE
 
 NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
@@ -44,19 +44,15 @@ def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
     path = run_dir / SAMPLES_FILE
     if not path.is_file():
         raise UserError(f"{run_dir}: no {SAMPLES_FILE} (a run writes it from its first training step on)")
-    with path.open(encoding="utf-8") as f:
-        return [row for lineno, line in enumerate(f, 1) if (row := _row(line, path, lineno)) is not None]
+    with reading(path, "samples.jsonl rows"):
+        return [_row(line, path, lineno) for lineno, line in jsonl_lines(path)]
 
 
-def _row(line: str, path: Path, lineno: int) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
+def _row(line: str | None, path: Path, lineno: int) -> dict[str, Any]:
     try:
-        row = json.loads(line)
+        row = parse_row(line)
     except ValueError as e:
         raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
     for key in NUMBERS:
         value = row.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -78,8 +74,8 @@ def select(rows: list[dict[str, Any]], step: int | None = None, order: str | Non
 
 
 def printable(text: str) -> str:
-    """Control characters escaped (\\x1b, ...), newlines and tabs kept."""
-    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+    """Control characters escaped (\\x1b, ...), newlines and tabs kept (errors.terminal_safe)."""
+    return terminal_safe(text)
 
 
 def _num(value: Any, spec: str) -> str:
@@ -90,6 +86,7 @@ def format_sample(row: dict[str, Any]) -> str:
     """A header line with the numbers, then the prompt (where kept) and the text, indented."""
     head = (f"step {row['step']} · reward {_num(row['reward'], '.3f')} · advantage {_num(row.get('advantage'), '+.3f')}"
             f" · staleness {row.get('staleness', '-')} · prompt {row.get('prompt_id') or '-'}")
+    head = terminal_safe(head, keep_newlines=False)  # every field is data from the file
     lines = [head]
     if row.get("prompt"):
         lines.append("  prompt: " + printable(str(row["prompt"])).replace("\n", "\n          "))

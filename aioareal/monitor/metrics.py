@@ -17,13 +17,20 @@ def clean(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
+def _step(row: dict[str, Any]) -> int:
+    step = row.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"'step' must be an integer, got {step!r}")
+    return step
+
+
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path, self.samples_path = self.dir / METRICS_FILE, self.dir / SAMPLES_FILE
         if resume_step is not None:
-            keep = lambda row: row.get("step", 0) <= resume_step  # noqa: E731
+            keep = lambda row: _step(row) <= resume_step  # noqa: E731
             repair_jsonl(self.metrics_path, keep)
             repair_jsonl(self.samples_path, keep)
         else:

@@ -21,6 +21,7 @@ from ..config import Config, dump_yaml, save_config
 from ..devices import cpu_threads, threads_restored
 from ..errors import RunStopped, UserError
 from ..generation import Engine
+from ..io import make_dir
 from ..models import eos_token_ids, load_tokenizer, lora
 from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
@@ -188,7 +189,7 @@ def train(config: Config, log: Callable[[str], None] = print,
     if not cell.is_main:  # under torchrun rank 0 speaks for all; the others print only errors
         log, printer = quiet, quiet
     run_dir = cell.main_decides(lambda: _run_dir(config, resume_from))  # one directory, one check, for all ranks
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(run_dir, "run directory")
     log(dump_yaml(cell.recorded(config)))
     if cell.is_main:
         save_config(cell.recorded(config), run_dir / "config.yaml")

@@ -50,11 +50,13 @@ class PromptRenderer:
 
     def text(self, example: Example) -> str:
         if self.template is not None:
-            try:
-                return self.template.format(**{"prompt": example.prompt, **example.row})
+            try:  # the template's shape was checked at config time (config/limits.py): fields only
+                return self.template.format_map({"prompt": example.prompt, **example.row})
             except KeyError as e:
                 raise UserError(f"data.prompt_template uses field {e} which row {example.uid} lacks "
-                                f"(fields: {', '.join(example.row)})") from None
+                                f"(fields: {', '.join(map(str, example.row))})") from None
+            except (ValueError, TypeError, IndexError) as e:  # a format spec the row's value does not take
+                raise UserError(f"data.prompt_template does not format row {example.uid}: {e}") from None
         if not self.chat:
             return example.prompt
         # A row may bring its own system prompt and tools (JSON schemas, or a JSON string of them) for
@@ -64,10 +66,25 @@ class PromptRenderer:
         messages.append({"role": "user", "content": example.prompt})
         tools = _row_tools(example)
         extra = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+        except Exception as e:
+            # The chat template is a program shipped in the model's files: one that refuses a row
+            # (raise_exception), breaks jinja's sandbox or is malformed is the model's fault or the
+            # data's, not ours. Our own errors (UserError) pass through.
+            if isinstance(e, UserError) or not _template_error(e):
+                raise
+            raise UserError(f"the tokenizer's chat template refused row {example.uid}: {type(e).__name__}: {e}; "
+                            "set data.chat_template=false or data.prompt_template='...{question}...'") from None
 
     def ids(self, example: Example) -> list[int]:
         return self.tokenizer.encode(self.text(example), add_special_tokens=False)
+
+
+def _template_error(e: Exception) -> bool:
+    """Raised by the jinja chat template (TemplateError and its SecurityError), or transformers' word
+    on it (a ValueError: no template, a bad message list)."""
+    return type(e).__module__.startswith(("jinja2", "transformers")) or isinstance(e, ValueError)
 
 
 def _row_tools(example: Example) -> list[dict[str, Any]] | None:
