@@ -238,7 +238,7 @@ class _Screen:
 
 def render(snap: Snapshot, header: RenderableType | None = None) -> RenderableType:
     """One screen of the run; `header` (the sweep's progress line, say) goes above it."""
-    return _Screen(snap, header)
+    return _Screen(snap, _plain(header))
 
 
 class _Guarded:
@@ -274,7 +274,7 @@ class Dashboard:
                          screen=False)
 
     def _renderable(self) -> RenderableType:
-        return _Guarded(lambda: render(self.snapshot_fn(), _plain(self.header_fn() if self.header_fn else None)))
+        return _Guarded(lambda: render(self.snapshot_fn(), self.header_fn() if self.header_fn else None))
 
     def __enter__(self) -> Dashboard:
         self.live.__enter__()
