@@ -69,8 +69,8 @@ scalars = st.one_of(
     st.sampled_from(["nan", ".inf", "-.inf", "1e999", "[", "{a: [}", "!!python/object:os.system", "0x1F", "1e-5",
                      "\x1b[2J", "[bold red]x[/]", "auto", "cuda:0", "cpu", "{question}", "{a.__class__}", "{0}",
                      "{a!x}", "{a:{b}}", "true", "~", "", "-1", "0"]))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                               max_size=3), max_leaves=6)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
 config_keys = st.sampled_from(KEYS) | st.text(max_size=15)
 
 
