@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..io import atomic_write_text
 from ..models import lora
 from .safe_reader import check_shards
@@ -100,8 +100,8 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
             aside = path.with_name(f"broken-{path.name}")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(path, aside)
-            log(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to {aside.name}, "
-                "trying the one before it")
+            log(one_line(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to "
+                         f"{aside.name}, trying the one before it"))
     return None
 
 
