@@ -15,9 +15,13 @@ from .errors import guarded
 
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
+    epilog = ("Any config key can be set as section.key=value, e.g. algo.lr=1e-5 or reward.weights=[1,0.1]. "
+              "List them with: python -m aioareal config --keys")
+    if prog == "python -m aioareal":  # the top level: name the subcommands too
+        epilog = f"{commands_help()}\n\n{epilog}\n`python -m aioareal COMMAND --help` shows a command's own flags."
     p = argparse.ArgumentParser(prog=prog, description="Train a language model with GRPO/PPO, sync or async.",
-                                epilog="Any config key can be set as section.key=value, e.g. algo.lr=1e-5. "
-                                       "List them with: python -m aioareal config --keys")
+                                epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version())
     p.add_argument("--config", help="YAML config file (see configs/)")
     p.add_argument("--mode", choices=["sync", "one-step", "async"], help="rollout mode")
     p.add_argument("--max-staleness", type=int, help="K: max policy lag of a trained sample")
@@ -62,6 +66,8 @@ def _train(args: argparse.Namespace) -> int:
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
     config = resume_config(target, args.overrides, flags, args.force) if target else load(args)
+    if not target:
+        profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from
         check_unchanged(config, load(args), args.force)
     with session(config) as world:
@@ -71,6 +77,19 @@ def _train(args: argparse.Namespace) -> int:
         else:
             train(config, cell=cell)
     return 0
+
+
+def profile_note(args: argparse.Namespace) -> None:
+    """Say so when a pretrained model took the `pretrained` defaults profile (config/profiles.py)."""
+    from .config.loading import load_with_sources
+
+    config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
+    taken = [k for k, source in sources.items() if source.startswith("profile")]
+    if taken:
+        print(f"model.name={config.model.name} without --config: {len(taken)} defaults from the 'pretrained' "
+              f"profile (algo.lr={config.algo.lr:g}, generation.max_new_tokens={config.generation.max_new_tokens}, "
+              f"train.steps={config.train.steps}; all: python -m aioareal config --sources); a full config to start "
+              "from: configs/qwen2.5-0.5b-gsm8k.yaml", file=sys.stderr)
 
 
 def _quiet(*_: object) -> None:
@@ -90,66 +109,121 @@ def cmd_warmup(argv: list[str]) -> int:
 
 def cmd_config(argv: list[str]) -> int:
     parser = train_parser("python -m aioareal config")
-    parser.add_argument("--keys", action="store_true", help="list every config key with its help text")
+    parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
+                        help="list every config key (of SECTION only, if given) with its help text")
+    parser.add_argument("--sources", action="store_true",
+                        help="each resolved value with where it came from: default, profile, file, flag, key=value")
     args = parser.parse_intermixed_args(argv)
 
     def go() -> int:
         from .config import dump_yaml
 
-        if args.keys:
-            print_keys()
+        if args.keys is not None:
+            print_keys(args.keys)
+        elif args.sources:
+            print_sources(args)
         else:
             print(dump_yaml(load(args)), end="")
         return 0
     return guarded(args.debug, go)
 
 
-def print_keys() -> None:
+def print_sources(args: argparse.Namespace) -> None:
+    from .config.loading import load_with_sources, to_dict
+
+    config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
+    values = to_dict(config)
+    width = 48  # most lines align; a long list value pushes its own comment right
+    for key, source in sources.items():
+        section, name = key.split(".")
+        print(f"{f'{key} = {values[section][name]!r}':<{width}}  # {source}")
+
+
+def print_keys(section: str = "") -> None:
     import dataclasses
 
     from .config.loading import section_types
+    from .errors import UserError
 
-    for section, cls in section_types().items():
+    sections = section_types()
+    if section and section not in sections:
+        raise UserError(f"config --keys {section}: unknown section (expected one of {', '.join(sections)})")
+    for name, cls in sections.items():
+        if section and name != section:
+            continue
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            print(f"{section}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
+            print(f"{name}.{f.name} = {default!r}  # {f.metadata.get('help', '')}")
+
+
+# One line per subcommand for `--help` and for an unknown command's error; a command missing here
+# still appears (with its name only), so `--help` lists whatever `commands()` holds.
+SUMMARIES = {"train": "train (the default: `python -m aioareal [flags] [key=value ...]`)",
+             "warmup": "train the tiny model's supervised warm-start only",
+             "config": "print the resolved config (--keys [SECTION]: every key; --sources: where each came from)",
+             "bench": "benchmarks (generation, training, rewards, ...)",
+             "simulate": "model a run on GPUs this machine does not have",
+             "sweep": "run a grid of runs", "plot": "plot a sweep", "report": "write a sweep's report.md",
+             "samples": "show a run's completions", "eval": "score checkpoints or models on a test set",
+             "chat": "talk to a trained policy", "export": "write a policy as GGUF (llama.cpp, Ollama) or to the Hub"}
+
+
+def commands() -> dict[str, Callable[[list[str]], int]]:
+    """Every subcommand by name; each imports its module on use (training needs neither pandas,
+    matplotlib nor the benchmarks)."""
+    def lazy(module: str, name: str) -> Callable[[list[str]], int]:
+        def run(a: list[str]) -> int:
+            import importlib
+
+            return getattr(importlib.import_module(module, __package__), name)(a)
+        return run
+    return {"train": cmd_train, "warmup": cmd_warmup, "config": cmd_config,
+            "plot": lazy(".experiments.commands", "cmd_plot"), "report": lazy(".experiments.commands", "cmd_report"),
+            "sweep": lazy(".experiments.commands", "cmd_sweep"), "bench": lazy(".bench", "main"),
+            "simulate": lazy(".simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
+            "export": lazy(".checkpoint.export", "main")}
+
+
+def commands_help() -> str:
+    names = commands()
+    width = max(map(len, names))
+    return "commands:\n" + "\n".join(f"  {n:<{width}}  {SUMMARIES.get(n, '')}".rstrip() for n in names)
+
+
+def unknown_command(word: str) -> str | None:
+    """The error for a first word that is neither a command, a flag nor section.key=value."""
+    if word in commands() or word.startswith("-") or "=" in word:
+        return None
+    return f"error: unknown command '{word}' (commands: {', '.join(commands())})"
+
+
+def version() -> str:
+    from importlib import metadata
+
+    from . import __version__
+
+    try:
+        return f"aioareal {metadata.version('aioareal')}"
+    except metadata.PackageNotFoundError:  # run from a checkout without installing it
+        return f"aioareal {__version__}"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-
-    def experiments(name: str) -> Callable[[list[str]], int]:
-        def run(a: list[str]) -> int:  # imported on use: training needs neither pandas nor matplotlib
-            from .experiments import commands as experiment_commands
-
-            return getattr(experiment_commands, name)(a)
-        return run
-
-    def bench(a: list[str]) -> int:  # imported on use: only `bench` loads the benchmarks
-        from .bench import main as bench_main
-
-        return bench_main(a)
-
-    def simulate(a: list[str]) -> int:  # imported on use, like bench
-        from .simulate.command import main as simulate_main
-
-        return simulate_main(a)
-
-    def samples(a: list[str]) -> int:  # imported on use, like bench
-        from .monitor.completions import main as samples_main
-
-        return samples_main(a)
-    commands: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "warmup": cmd_warmup,
-                                                         "config": cmd_config, "plot": experiments("cmd_plot"),
-                                                         "report": experiments("cmd_report"),
-                                                         "sweep": experiments("cmd_sweep"),
-                                                         "bench": bench, "simulate": simulate, "samples": samples}
-    if argv and argv[0] in commands and argv[0] != "train" and launched_by_torchrun():
+    table = commands()
+    if argv[:1] == ["--version"]:
+        print(version())
+        return 0
+    error = unknown_command(argv[0]) if argv else None
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    if argv and argv[0] in table and argv[0] != "train" and launched_by_torchrun():
         print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
               file=sys.stderr)
         return 2
     try:
-        return commands[argv[0]](argv[1:]) if argv and argv[0] in commands else cmd_train(argv)
+        return table[argv[0]](argv[1:]) if argv and argv[0] in table else cmd_train(argv)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

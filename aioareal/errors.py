@@ -6,10 +6,24 @@ one line and exits with code 2; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import reprlib
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+SHOWN_CHARS = 200  # an offending value in an error line is cut to this (docs/reliability.md#bounded-readers)
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxtuple, _repr.maxset = 3, 8, 8, 8, 8
+_repr.maxstring = _repr.maxother = _repr.maxlong = SHOWN_CHARS
+
+
+def shown(value: Any) -> str:
+    """`value`'s repr for an error line, at most SHOWN_CHARS long, found without walking all of it
+    (a value built from nested aliases stands for millions of items, a data row for megabytes)."""
+    text = _repr.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 class UserError(Exception):

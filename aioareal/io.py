@@ -8,18 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError, UserError
-
-
-def make_dir(path: str | Path, what: str = "directory") -> Path:
-    """`path` created with its parents, or one line saying why it cannot be (a file in the way, no
-    permission, a read-only or full disk)."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{path}: cannot create the {what} ({e.strerror or e})") from None
-    return path
+from .errors import DataError
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -75,12 +64,48 @@ def parse_row(line: str | None) -> dict[str, Any]:
     if line is None:
         raise ValueError("not UTF-8 text")
     try:
-        row = json.loads(line)
-    except RecursionError:
+        row = loads_bounded(line)
+    except RecursionError:  # loads_bounded's scan makes this rare: a last resort
         raise ValueError("nested too deeply") from None
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     return row
+
+
+MAX_JSON_DEPTH = 100  # nesting a JSON value read from a user's file may have (docs/reliability.md#bounded-readers)
+
+
+def loads_bounded(text: str) -> Any:
+    """json.loads, refusing (ValueError, as for any malformed JSON) a value nested deeper than
+    MAX_JSON_DEPTH, which would otherwise end in a RecursionError inside the parser. A line with few
+    brackets is passed straight through; only one with many is scanned, once, outside strings."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(text)
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:

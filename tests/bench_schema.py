@@ -67,12 +67,17 @@ DTYPE = exactly("float32", "bfloat16", "float16")
 PROBES = Field("a list of numbers > 0", lambda v: isinstance(v, list) and all(_number(x) and x > 0 for x in v))
 PEAK = {"peak_fp32_gflops": nullable(POSITIVE), "peak_bf16_gflops": nullable(POSITIVE),
         "peak_source": exactly("measured_gemm", "datasheet", "none"), "peak_note": TEXT,
-        "peak_fp32_gflops_probes": PROBES, "peak_bf16_gflops_probes": PROBES}
+        "peak_fp32_gflops_probes": PROBES, "peak_bf16_gflops_probes": PROBES,
+        "peak_mem_gbps": nullable(POSITIVE), "peak_mem_gbps_probes": PROBES}
+
+
+ROOFLINE = {"roofline_frac": nullable(POSITIVE), "bound": nullable(exactly("compute", "memory"))}
 
 
 def phase_figures(phase: str) -> dict[str, Field]:
     """A phase's FLOP count and achieved rate against the peak (bench/flops.py)."""
-    return {f"{phase}_flops": SIZE, f"{phase}_gflops": POSITIVE, f"{phase}_peak_frac": nullable(POSITIVE)}
+    return {f"{phase}_flops": SIZE, f"{phase}_gflops": POSITIVE, f"{phase}_peak_frac": nullable(POSITIVE),
+            **{f"{phase}_{k}": kind for k, kind in ROOFLINE.items()}}
 
 
 GEN = {
@@ -157,12 +162,15 @@ def e2e_mode(mode: str) -> dict[str, Field]:
             "decode_tokens_per_step": AT_LEAST_ZERO, "decode_gflops": nullable(AT_LEAST_ZERO),
             "decode_peak_frac": nullable(AT_LEAST_ZERO), "loss_positions_per_step": POSITIVE,
             "loss_head_positions_per_step": POSITIVE, "loss_dtype": DTYPE, "loss_gflops": POSITIVE,
-            "loss_peak_frac": nullable(POSITIVE)}
+            "loss_peak_frac": nullable(POSITIVE),
+            **{f"{phase}_{k}": kind for phase in ("decode", "loss") for k, kind in ROOFLINE.items()}}
     out = {f"{mode}_{k}": kind for k, kind in keys.items()}
     if mode != "sync":
         out[f"{mode}_vs_sync"] = POSITIVE
     return out
 
+
+PEAK_BENCH = {"bench": exactly("peak"), **ENVIRONMENT, **PEAK}
 
 REWARD = {
     "bench": exactly("reward"), "completions": SIZE, "mean_chars": SIZE, "workers": SIZE, "cores": SIZE,

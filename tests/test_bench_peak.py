@@ -5,6 +5,7 @@ Timings are never asserted, only the arithmetic that ties the reported figures t
 import json
 import sys
 
+import bench_schema as schema
 import pytest
 import torch
 
@@ -41,9 +42,11 @@ def test_cpu_flags_are_read_from_the_first_processor(tmp_path):
 def test_peak_is_measured_in_fp32_and_bf16_where_the_cpu_has_bf16_units(monkeypatch):
     monkeypatch.setattr(peak, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
     probe = peak.PeakProbe.for_device(torch.device("cpu"), 64)
+    probe = peak.PeakProbe(probe.size, probe.bf16_unit, stream_mb=8)
     probes = [probe(), probe(), probe()]
-    assert all(set(p) == {"fp32", "bf16"} and min(p.values()) > 0 for p in probes)
+    assert all(set(p) == {"fp32", "bf16", "gbps"} and min(p.values()) > 0 for p in probes)
     p = probe.peaks(probes)
+    assert p.gbps == sorted(q["gbps"] for q in probes)[1] and "summing reads of 8 MB" in p.note
     assert p.source == "measured_gemm" and p.fp32_probes == [q["fp32"] for q in probes]
     assert p.fp32_gflops == sorted(p.fp32_probes)[1] and p.bf16_gflops == sorted(p.bf16_probes)[1]  # medians
     assert p.of(torch.float32) == p.fp32_gflops and p.of(torch.bfloat16) == p.bf16_gflops
@@ -54,8 +57,8 @@ def test_peak_is_measured_in_fp32_and_bf16_where_the_cpu_has_bf16_units(monkeypa
 def test_no_bf16_peak_without_the_flags(monkeypatch):
     for flags in ({"avx512f", "avx2"}, None):  # no bf16 units; not Linux
         monkeypatch.setattr(peak, "cpu_flags", lambda f=flags: f)
-        probe = peak.PeakProbe.for_device(torch.device("cpu"), 64)
-        assert set(probe()) == {"fp32"}
+        probe = peak.PeakProbe(peak.PeakProbe.for_device(torch.device("cpu"), 64).size, None, stream_mb=8)
+        assert set(probe()) == {"fp32", "gbps"}
         p = probe.peaks([probe()])
         assert p.fp32_gflops > 0 and p.bf16_gflops is None
         assert "no bf16 peak" in p.note and p.fields()["peak_bf16_gflops"] is None
@@ -80,7 +83,13 @@ def test_cuda_keeps_the_data_sheet_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     assert peak.PeakProbe.for_device(torch.device("cuda", 0), 2048) is None  # nothing measured on CUDA
     p = peak.fixed_peaks(torch.device("cuda", 0), 2048)
-    assert (p.fp32_gflops, p.bf16_gflops, p.source) == (None, 989e3, "datasheet")
+    assert (p.fp32_gflops, p.bf16_gflops, p.gbps, p.source) == (None, 989e3, 3350.0, "datasheet")
+
+
+def test_bandwidth_is_the_buffer_bytes_over_the_median_read(monkeypatch):
+    ticks = iter([0.0, 1.0, 10.0, 12.0, 20.0, 24.0])  # three reads: 1 s, 2 s, 4 s -> median 2 s
+    monkeypatch.setattr(peak.time, "perf_counter", lambda: next(ticks))
+    assert peak.stream_gbps(4, calls=3) == pytest.approx(4 * 2**20 / 2 / 1e9)
 
 
 def test_gemm_flops_are_2_n_cubed_over_the_median_call(monkeypatch):
@@ -113,10 +122,25 @@ def test_flop_model_of_an_untied_model_counts_the_head_and_not_the_embedding():
 
 def test_phase_fields_divide_by_the_peak_of_the_phase_dtype():
     p = peak.Peaks(100.0, 400.0, "measured_gemm", "")
-    assert phase_fields("x", 8e9, 2.0, torch.bfloat16, p) == {"x_gflops": 4.0, "x_peak_frac": 0.01}
-    assert phase_fields("x", 8e9, 2.0, torch.float32, p) == {"x_gflops": 4.0, "x_peak_frac": 0.04}
-    assert phase_fields("x", 8e9, 2.0, torch.float16, p) == {"x_gflops": 4.0, "x_peak_frac": None}
-    assert phase_fields("x", 8e9, 0.0, torch.float32, p) == {"x_gflops": None, "x_peak_frac": None}
+    no_roof = {"x_roofline_frac": None, "x_bound": None}
+    assert phase_fields("x", 8e9, 2.0, torch.bfloat16, p) == {"x_gflops": 4.0, "x_peak_frac": 0.01,
+                                                             "x_roofline_frac": 0.01, "x_bound": "compute"}
+    assert phase_fields("x", 8e9, 2.0, torch.float32, p) == {"x_gflops": 4.0, "x_peak_frac": 0.04,
+                                                            "x_roofline_frac": 0.04, "x_bound": "compute"}
+    assert phase_fields("x", 8e9, 2.0, torch.float16, p) == {"x_gflops": 4.0, "x_peak_frac": None, **no_roof}
+    assert phase_fields("x", 8e9, 0.0, torch.float32, p) == {"x_gflops": None, "x_peak_frac": None, **no_roof}
+
+
+def test_the_roofline_is_the_lower_ceiling_of_compute_and_bandwidth():
+    p = peak.Peaks(100.0, None, "measured_gemm", "", gbps=10.0)  # 100 GFLOP/s, 10 GB/s
+    # 8 GFLOP take 0.08 s at the peak; 1 GB takes 0.1 s at the bandwidth: memory binds, 0.1 s of 2 s.
+    memory = phase_fields("x", 8e9, 2.0, torch.float32, p, bytes_moved=1e9)
+    assert memory["x_bound"] == "memory" and memory["x_roofline_frac"] == pytest.approx(0.05)
+    compute = phase_fields("x", 8e9, 2.0, torch.float32, p, bytes_moved=1e8)  # 0.01 s of bytes
+    assert compute["x_bound"] == "compute" and compute["x_roofline_frac"] == pytest.approx(0.04)
+    # bf16 has no peak here: the bandwidth alone bounds it.
+    only = phase_fields("x", 8e9, 2.0, torch.bfloat16, p, bytes_moved=1e9)
+    assert (only["x_bound"], only["x_peak_frac"]) == ("memory", None) and only["x_roofline_frac"] == pytest.approx(0.05)
 
 
 # -- the fractions in each bench's JSON line --------------------------------------------------------
@@ -237,3 +261,16 @@ def test_train_reports_the_rss_high_water_of_each_variant(capsys, monkeypatch):
     r = run_bench(capsys, *args)
     assert r["rss_peak_kind"] is None and r["rss_peak_note"] == "cannot reset the RSS high-water mark (test)"
     assert all(r[f"{name}_rss_peak_gb"] is None for name in ("packed_chunked", "packed_naive", "padded_chunked"))
+
+
+def test_bench_peak_prints_the_ceilings_alone(capsys, monkeypatch):
+    monkeypatch.setattr(peak, "cpu_flags", lambda: {"avx2"})
+    assert main(["bench", "peak", "--device", "cpu", "--peak-size", "64", "--stream-mb", "8", "--probes", "3"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    r = json.loads(out[-1])
+    schema.check(r, schema.PEAK_BENCH)
+    assert len(r["peak_fp32_gflops_probes"]) == len(r["peak_mem_gbps_probes"]) == 3 and r["peak_bf16_gflops"] is None
+    assert r["peak_mem_gbps"] == sorted(r["peak_mem_gbps_probes"])[1]
+    assert "memory" in out[0] and "GB/s" in out[0]
+    assert main(["bench", "peak", "--device", "cpu", "--probes", "0"]) == 2
+

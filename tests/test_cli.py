@@ -48,3 +48,105 @@ def test_config_command_prints_resolved_yaml(capsys):
     assert "mode: async" in out and "max_staleness: 3" in out
     assert main(["config", "--keys"]) == 0
     assert "algo.kl_coef = 0.0  # k3 KL penalty" in capsys.readouterr().out
+
+
+# -- the command line a user expects (issue 36 item 8) ------------------------------------------------
+def test_help_lists_every_registered_subcommand(capsys):
+    from aioareal.cli import commands
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("commands:"):]
+    for name in commands():  # the registry, so a command added later is listed too
+        assert f"\n  {name} " in listed, name
+    for name in ("train", "warmup", "config", "bench", "simulate", "sweep", "plot", "report", "samples", "export"):
+        assert name in commands()
+
+
+def test_unknown_subcommand_is_one_line_naming_the_commands(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown command 'trian' (commands: train, warmup, config,") and "export" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_version(capsys):
+    from aioareal import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"aioareal {__version__}"
+
+
+@pytest.mark.parametrize("written", ["[a.py:f,b.py:g]", "a.py:f,b.py:g", "[a.py:f, 'b.py:g']"])
+def test_list_values_in_brackets_or_bare(written):
+    from aioareal.config import load_config
+
+    assert load_config(overrides=[f"reward.functions={written}"]).reward.functions == ["a.py:f", "b.py:g"]
+    for weights in ("[1,0.5]", "1,0.5", "[1, 0.5]"):
+        config = load_config(overrides=[f"reward.functions={written}", f"reward.weights={weights}"])
+        assert config.reward.weights == [1.0, 0.5]
+    assert load_config(overrides=["run.trackers=[]"]).run.trackers == []
+
+
+def test_config_keys_section_filters(capsys):
+    assert main(["config", "--keys", "algo"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines and all(line.startswith("algo.") for line in lines)
+    assert any(line.startswith("algo.lr = ") for line in lines)
+    assert main(["config", "--keys", "nope"]) == 2
+    assert "config --keys nope: unknown section (expected one of model, data," in capsys.readouterr().err
+
+
+# -- defaults that fit the model (issue 36 item 5) ------------------------------------------------------
+def sources_of(capsys, *args) -> dict[str, tuple[str, str]]:
+    assert main(["config", "--sources", *args]) == 0
+    rows = {}
+    for line in capsys.readouterr().out.strip().splitlines():
+        setting, source = line.split("  # ")
+        key, value = setting.split(" = ", 1)
+        rows[key] = (value.strip(), source)
+    return rows
+
+
+def test_config_sources_name_default_profile_file_flag_and_override(capsys, tmp_path):
+    rows = sources_of(capsys, "model.name=Qwen/Qwen2.5-0.5B-Instruct", "data.task=gsm8k", "--steps", "50")
+    assert rows["model.name"] == ("'Qwen/Qwen2.5-0.5B-Instruct'", "key=value")
+    assert rows["train.steps"] == ("50", "flag")
+    assert rows["algo.lr"] == ("1e-06", "profile pretrained")
+    assert rows["generation.max_new_tokens"] == ("512", "profile pretrained")
+    assert rows["algo.objective"] == ("'ppo'", "default")
+    config = tmp_path / "c.yaml"
+    config.write_text("algo:\n  lr: 2.0e-6\n")
+    rows = sources_of(capsys, "--config", str(config), "model.name=./some/model")
+    assert rows["algo.lr"] == ("2e-06", f"file {config}")
+    assert rows["generation.max_new_tokens"][1] == "default"  # a config file states the run: no profile
+
+
+def test_the_tiny_model_keeps_its_defaults_and_a_pretrained_one_never_gets_them():
+    from aioareal.config import load_config
+    from aioareal.config.schema import AlgoConfig, GenerationConfig, TrainConfig
+
+    tiny = load_config()
+    assert (tiny.algo.lr, tiny.generation.max_new_tokens, tiny.train.steps) == (
+        AlgoConfig().lr, GenerationConfig().max_new_tokens, TrainConfig().steps)
+    assert load_config(overrides=["model.name=random:tiny"]).algo.lr == AlgoConfig().lr
+    for name in ("Qwen/Qwen2.5-0.5B-Instruct", "./local/dir", "smollm2-135m-instruct", "model.gguf"):
+        real = load_config(overrides=[f"model.name={name}", "data.task=gsm8k"])
+        assert real.algo.lr <= 1e-5 and real.generation.max_new_tokens >= 256 and real.train.steps != 400, name
+    sums = load_config(overrides=["model.name=smollm2-135m-instruct"])  # the arithmetic task: short chat answers
+    assert sums.arithmetic.style == "chat" and sums.generation.max_new_tokens == 64
+    assert load_config(overrides=["model.name=x/y", "algo.lr=3e-6"]).algo.lr == 3e-6  # what is set wins
+
+
+def test_a_run_on_a_pretrained_model_says_which_defaults_it_took(capsys):
+    from aioareal.cli import profile_note, train_parser
+
+    profile_note(train_parser().parse_intermixed_args(["model.name=Qwen/Qwen2.5-0.5B-Instruct", "data.task=gsm8k"]))
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(err.splitlines()) == 1
+    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in err
+    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in err
+    profile_note(train_parser().parse_intermixed_args(["model.name=random:tiny"]))
+    assert capsys.readouterr().err == ""

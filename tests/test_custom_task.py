@@ -116,7 +116,8 @@ def test_wrong_signature(module) -> None:
     with pytest.raises(RewardFunctionError) as err:
         rewards.check([Example("0", "1+1=", "2", {"question": "1+1=", "answer": "2"})])
     assert one_line(err).startswith(f"reward function '{name}:needs_column' needs argument(s) 'solution', "
-                                    f"which the rows lack (it can take: completions, question, answer, prompts)")
+                                    "which the rows lack (it can take: completions, question, answer, prompts, "
+                                    "completion_ids)")
 
 
 @pytest.mark.parametrize("body, message", [

@@ -13,9 +13,11 @@ from aioareal.config import load_config
 from aioareal.run.recipe import train
 
 # From a warm start at 0.34 held-out (an AVX-512 machine; 0.495 on the AVX2 one before it), 200
-# steps raised the pass rate by 0.115-0.22 over seeds 0-2, too close to the bound; 300 steps by
-# 0.16-0.235, and the training reward by 0.18-0.21.
+# steps raised the pass rate by 0.115-0.22 over seeds 0-2; 300 steps by 0.16-0.235, and the training
+# reward by 0.18-0.21. The bounds keep a margin below the worst seed: a rise of RISE is several
+# standard errors of the held-out rate, and a third below the worst seed's rise.
 STEPS = 300
+RISE = 0.10
 
 
 def run(tmp_path, name, flags=None, overrides=()):
@@ -37,13 +39,13 @@ def test_sync_grpo_raises_held_out_pass_rate(tmp_path, tiny_model_path):
     curve = evals(rows)
     assert rows[0]["step"] == 0 and rows[0]["eval_pass_rate"] is not None  # evaluated before any update
     assert 0.2 <= curve[0] <= 0.6  # the warm start is partial, not solved
-    assert curve[-1] - curve[0] >= 0.15, curve
+    assert curve[-1] - curve[0] >= RISE, curve
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     assert len(samples) == STEPS * 32 * 8 and all(s["staleness"] == 0 for s in samples)
     # The training reward rises with the held-out pass rate (0.16 -> 0.35-0.38 over the first and last
     # 25 steps, seeds 0-2), and every row reports the samples it trained on, generated one version earlier.
     reward = [r["reward_mean"] for r in rows[1:]]
-    assert fmean(reward[-25:]) - fmean(reward[:25]) >= 0.15, (fmean(reward[:25]), fmean(reward[-25:]))
+    assert fmean(reward[-25:]) - fmean(reward[:25]) >= RISE, (fmean(reward[:25]), fmean(reward[-25:]))
     by_step = defaultdict(list)
     for s in samples:
         by_step[s["step"]].append(s)
@@ -60,7 +62,7 @@ def test_sync_grpo_raises_held_out_pass_rate(tmp_path, tiny_model_path):
 def test_async_k3_learns_like_sync_with_bounded_staleness(tmp_path, tiny_model_path):
     rows, samples = run(tmp_path, "async", {"rollout.mode": "async", "rollout.max_staleness": 3})
     curve = evals(rows)
-    assert curve[-1] - curve[0] >= 0.15, curve
+    assert curve[-1] - curve[0] >= RISE, curve
     staleness = [s["staleness"] for s in samples]
     assert max(staleness) <= 3 and sum(s > 0 for s in staleness) > len(staleness) // 2  # really async
     last = rows[-1]

@@ -9,13 +9,14 @@ from statistics import fmean
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simulated_workers import SimulatedGenerator, SimulatedTrainer
 
 from aioareal.checkpoint import RunState
 from aioareal.orchestrator import Orchestrator, Schedule
 from aioareal.orchestrator.admission import Admission, OldestFirstBuffer
 from aioareal.prompts import PromptSource
 from aioareal.samples import Completion, Group, Sample
-from aioareal.simulate.modelled import SimulatedGenerator, SimulatedTrainer, gsm8k_like_length
+from aioareal.simulate.lengths import gsm8k_like_length
 from aioareal.simulate.virtualclock import run_virtual
 from aioareal.tasks.base import Example
 

@@ -111,17 +111,14 @@ def test_a_cpu_engine_decodes_running_slots_a_gpu_one_every_slot_up_to_the_highe
 
 
 @pytest.mark.parametrize("mode, k", [("sync", 0), ("one-step", 1), ("async", 1), ("async", 3)])
-def test_macro_steps_match_single_decode_steps(mode, k, monkeypatch):
+def test_macro_steps_match_single_decode_steps(mode, k):
     """The fast path (every decode step to the next sequence end in one sleep, cut short by new
     versions or contention changes) against one decode step per call, on long-tailed lengths."""
-    from aioareal.simulate import workers
-
     p = profile(decode=(0.004, 2e-4, 1e-6), prefill=(0.003, 1e-5, 0.0), train=(0.2, 1e-4), contention=(1.5, 2.0),
                 publish=0.01, adopt=0.001)
     lengths = length_sampler("gsm8k", 40, 160)
     fast = run(p, mode, k, lengths, steps=12, batch_groups=3, group_size=4)
-    monkeypatch.setattr(workers, "SINGLE_STEPS", True)
-    slow = run(p, mode, k, lengths, steps=12, batch_groups=3, group_size=4)
+    slow = run(p, mode, k, lengths, steps=12, batch_groups=3, group_size=4, single_steps=True)
     assert fast.staleness == slow.staleness and fast.interrupted == slow.interrupted
     assert fast.s_per_step == pytest.approx(slow.s_per_step, rel=1e-9)
     # Busy time is counted when a call returns: at the first and last timed step a longer call may

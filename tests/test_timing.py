@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import pytest
 from rich.console import Console
 
+from aioareal import timing
 from aioareal.config import load_config
 from aioareal.monitor.dashboard import render
 from aioareal.monitor.live import LiveState
@@ -18,15 +18,16 @@ from aioareal.timing import PhaseTimer
 TRAIN_PHASES = ["advantages", "pack", "fixed_logprobs", "loss", "optimizer", "publish"]
 
 
-def test_phase_timer_accumulates_by_name_and_take_starts_afresh():
+def test_phase_timer_accumulates_by_name_and_take_starts_afresh(monkeypatch):
+    clock = iter([0.0, 0.25, 1.0, 1.5, 2.0, 2.0])  # a: 0.25 + 0.5 s, b: 0 s
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     timer = PhaseTimer("cpu")
     for _ in range(2):
         with timer("a"):
-            time.sleep(0.01)
+            pass
     with timer("b"):
         pass
-    taken = timer.take()
-    assert set(taken) == {"a", "b"} and 0.02 <= taken["a"] < 0.5 and taken["b"] < taken["a"]
+    assert timer.take() == {"a": 0.75, "b": 0.0}
     assert timer.take() == {}
 
 
@@ -52,9 +53,9 @@ def test_every_step_row_has_the_train_phases_and_they_add_up_to_the_step(rows):
         assert {k[5:] for k in row if k.startswith("time_") and not k.startswith("time_gen_")} == set(TRAIN_PHASES)
         phases = [row[f"time_{p}"] for p in TRAIN_PHASES]
         step_seconds = row["train_tokens"] / row["train_tokens_per_s"]  # the trainer call's duration
-        # The phases are the step, less the thread hand-off and the metrics read-back.
-        assert 0.3 * step_seconds <= sum(phases) <= step_seconds + 1e-3
-        assert row["time_loss"] > row["time_advantages"]  # forward + backward dwarf a (B, G) normalisation
+        # The phases lie within the trainer call (it adds the thread hand-off and the metrics
+        # read-back): containment, not speed, so it holds on any machine under any load.
+        assert all(p >= 0 for p in phases) and sum(phases) <= step_seconds + 1e-3
     assert rows[0].get("time_loss") is None  # the step-0 evaluation trains nothing
 
 
@@ -66,8 +67,7 @@ def test_generator_phases_add_up_to_its_busy_time(rows):
     phases = sum(v for r in rows[1:] for k, v in r.items() if k.startswith("time_gen_") and k != "time_gen_score")
     walls = [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]
     busy = sum((1 - r["gen_idle_frac"]) * wall for r, wall in zip(rows[1:], walls))
-    assert 0.5 * busy <= phases <= busy * 1.05 + 0.01
-    assert sum(r["time_gen_decode"] for r in rows[1:]) > sum(r["time_gen_admit"] for r in rows[1:])
+    assert 0 < phases <= busy * 1.05 + 0.01  # the phases lie within the generator's busy time
     assert sum(r["time_gen_score"] for r in rows[1:]) > 0
 
 

@@ -1,5 +1,6 @@
-"""`python -m aioareal bench {gen,train,head,e2e,reward,profile}`: throughput against the obvious baseline, measured in
-the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file).
+"""`python -m aioareal bench {gen,train,head,e2e,reward,profile,peak}`: throughput against the
+obvious baseline, measured in the same run, ending with one JSON line (`--out FILE` appends it to a
+JSONL file).
 
   gen    the engine vs Hugging Face `generate()` (tokens/s, ratio, roofline fraction on CUDA; the
          engine's decode and prefill as fractions of the matmul peak)
@@ -11,6 +12,9 @@ the same run, ending with one JSON line (`--out FILE` appends it to a JSONL file
          decode and loss as fractions of the matmul peak)
   reward the GSM8K reward: completions/s in one process, over the worker pool, through the service
   profile  a cost profile of this device for `python -m aioareal simulate` (JSON)
+  peak   the matmul peaks and the memory bandwidth the bench's threads reach: the ceilings each
+         phase of gen/train/e2e is measured against (its roofline: the lower of the two for its
+         FLOPs and bytes)
 
 The matmul peak is measured on the CPU in the same run (peak.py) and looked up on CUDA; the FLOPs
 a phase does are counted by flops.py.
@@ -30,7 +34,8 @@ BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
            "head": "selected-token log-probs from hidden states: fused head vs checkpointed head (s, peak memory)",
            "e2e": "samples/s and s/step of sync, one-step and async on one model",
            "reward": "GSM8K reward completions/s (one process, worker pool, service) and grader agreement",
-           "profile": "measure a cost profile of this device for `simulate` (JSON)"}
+           "profile": "measure a cost profile of this device for `simulate` (JSON)",
+           "peak": "the device's matmul peaks (fp32, bf16) and memory bandwidth, the ceilings of every phase"}
 
 
 def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:

@@ -17,6 +17,7 @@ import torch
 from ..generation import Engine
 from .flops import FlopModel, phase_fields
 from .peak import Peaks
+from .roofline import Roofline
 
 T = TypeVar("T")
 
@@ -43,16 +44,20 @@ class PhaseRounds:
 
 
 def phase_figures(model: torch.nn.Module, rounds: PhaseRounds, prompts: int, samples: int, prompt_len: int,
-                  tokens: int, dtype: torch.dtype, peaks: Peaks) -> dict[str, Any]:
-    """`decode_*` and `prefill_*` fields of one round: tokens, median seconds, FLOPs, GFLOP/s and
-    the fraction of the peak of `dtype` (the engine's weights' dtype)."""
+                  tokens: int, dtype: torch.dtype, peaks: Peaks, roof: Roofline) -> dict[str, Any]:
+    """`decode_*` and `prefill_*` fields of one round: tokens, median seconds, FLOPs, GFLOP/s, the
+    fraction of the peak of `dtype` (the engine's weights' dtype) and of the phase's roofline.
+    Bytes: a decode step reads the weights and every sequence's KV cache (`roof`, `roof.batch`
+    sequences a step); prefill reads the weights once and writes the prompts' KV cache."""
     fm = FlopModel.of(model)
-    sequences = prompts * samples
-    work = {"decode": (tokens - sequences, fm.decode(tokens - sequences)),
-            "prefill": (prompts * prompt_len, fm.prefill(prompts * prompt_len, sequences))}
+    sequences, prompt_tokens = prompts * samples, prompts * prompt_len
+    decoded = tokens - sequences
+    work = {"decode": (decoded, fm.decode(decoded), roof.bytes_per_step * decoded / roof.batch),
+            "prefill": (prompt_tokens, fm.prefill(prompt_tokens, sequences),
+                        roof.param_bytes + prompt_tokens * roof.kv_bytes_per_token)}
     out: dict[str, Any] = {}
-    for phase, (count, flops) in work.items():
+    for phase, (count, flops, bytes_moved) in work.items():
         seconds = rounds.seconds(phase)
         out.update({f"{phase}_tokens": count, f"{phase}_s": seconds, f"{phase}_flops": flops})
-        out.update(phase_fields(phase, flops, seconds, dtype, peaks))
+        out.update(phase_fields(phase, flops, seconds, dtype, peaks, bytes_moved))
     return out

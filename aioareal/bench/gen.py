@@ -153,10 +153,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     contenders.update({PROBE: probe} if probe else {})  # the CPU's peak, in the same rounds as the phases
     runs = alternate(contenders, args.repeats, device)
     peaks = peaks_of(probe, runs, device, args.peak_size)
-    result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes())
+    result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes(), peaks.gbps)
     result.update(peaks.fields())
+    roof = Roofline(parameter_bytes(model), kv_bytes_per_token(model, dtype), min(slots, args.prompts * args.samples),
+                    args.prompt_len + args.new_tokens / 2)
     result.update(phase_figures(model, phases, args.prompts, args.samples, args.prompt_len, result["engine_tokens"],
-                                dtype, peaks))
+                                dtype, peaks, roof))
     result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
     result["overlap"] = engine.overlap
     if args.compare_overlap:
@@ -205,7 +207,7 @@ def add_overlap_comparison(result: dict[str, Any], engine_overlaps: bool, runs: 
 
 
 def summarise(args: argparse.Namespace, model: PreTrainedModel, dtype: torch.dtype, device: torch.device,
-              slots: int, graphs: bool, runs: dict, kv_cache_bytes: int) -> dict[str, Any]:
+              slots: int, graphs: bool, runs: dict, kv_cache_bytes: int, measured_gbps: float | None) -> dict[str, Any]:
     eng, gen = runs["engine"], runs["generate"]
     eng_s, gen_s = median_seconds(eng), median_seconds(gen)
     eng_tokens, gen_tokens = eng[-1].result, gen[-1].result
@@ -214,7 +216,7 @@ def summarise(args: argparse.Namespace, model: PreTrainedModel, dtype: torch.dty
     avg_context = args.prompt_len + args.new_tokens / 2
     roof_eng = Roofline(parameter_bytes(model), kv_bytes_per_token(model, dtype), min(slots, sequences), avg_context)
     roof_gen = Roofline(roof_eng.param_bytes, roof_eng.kv_bytes_per_token, sequences, avg_context)
-    peak = args.peak_gbps or peak_gbps(device)
+    peak = args.peak_gbps or peak_gbps(device) or measured_gbps  # the CPU's: measured in the rounds (peak.py)
     return {
         "bench": "gen", **environment(device), "model": model_label(args.model),
         "dtype": str(dtype).replace("torch.", ""), "prompts": args.prompts, "samples": args.samples,

@@ -41,7 +41,7 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..samples import Completion, Sample
-from ..simulate.modelled import gsm8k_like_length
+from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
@@ -56,6 +56,7 @@ from .harness import (
     max_peak,
     median_seconds,
     model_label,
+    parameter_bytes,
     pick_device,
     pick_dtype,
     ratio,
@@ -234,7 +235,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     add_cpu_memory(result, marks, device)
     add_utilisation(result, model, args.peak_tflops or (peak_bf16_tflops(device) if autocast else None))
     work = {name: positions(mbs, loss) for name, (mbs, loss) in passes.items()}
-    add_peak_fractions(result, FlopModel.of(model), work, peaks, autocast or torch.float32)
+    # Bytes a pass moves at the least: every micro-batch reads the weights forward and backward and
+    # writes their gradients (activations, which the roofline leaves out, only add to it).
+    moved = {name: 3 * parameter_bytes(model) * len(mbs) for name, (mbs, _) in passes.items()}
+    add_peak_fractions(result, FlopModel.of(model), work, peaks, autocast or torch.float32, moved)
     result.update(sync_cost.measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
     report(result)
     return result

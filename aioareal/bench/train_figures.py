@@ -32,14 +32,15 @@ def add_cpu_memory(result: dict[str, Any], marks: HighWaters, device: torch.devi
 
 
 def add_peak_fractions(result: dict[str, Any], fm: FlopModel, work: dict[str, tuple[int, int]], peaks: Peaks,
-                       compute: torch.dtype) -> None:
-    """Each variant's achieved GFLOP/s over the peak of the dtype its matmuls run in (flops.py);
-    `work`: each variant's (positions computed, positions the LM head runs on) per pass."""
+                       compute: torch.dtype, moved: dict[str, int]) -> None:
+    """Each variant's achieved GFLOP/s over the peak of the dtype its matmuls run in and its
+    roofline fraction (flops.py); `work`: each variant's (positions computed, positions the LM head
+    runs on) per pass; `moved`: the bytes a pass moves at the least."""
     result.update(peaks.fields())
     result["compute_dtype"] = dtype_name(compute)
     for name, (positions, head) in work.items():
         result[f"{name}_flops"] = fm.train(positions, head)  # one pass
-        result.update(phase_fields(name, fm.train(positions, head), result[f"{name}_s"], compute, peaks))
+        result.update(phase_fields(name, fm.train(positions, head), result[f"{name}_s"], compute, peaks, moved[name]))
 
 
 def add_utilisation(result: dict[str, Any], model: PreTrainedModel, peak_tflops: float | None) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..samples import Completion, Sample
-from ..simulate.modelled import gsm8k_like_length
+from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, plan
 from ..trainer.logprobs import token_logprobs
 from .harness import alternate, build_model, environment, median_seconds, model_label, pick_device, ratio

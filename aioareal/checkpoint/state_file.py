@@ -3,13 +3,13 @@ so a hand-edited or corrupted file is one line naming it, never a traceback mid-
 (docs/reliability.md#bad-input-and-terminal-output)."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, reading
+from ..io import loads_bounded
 
 
 def _count(x: Any) -> bool:
@@ -29,7 +29,7 @@ REQUIRED = ("step", "cursor", "elapsed")
 def read_state_fields(file: Path) -> dict[str, Any]:
     """The fields of a RunState from `file`, each checked for its type; a DataError otherwise."""
     with reading(file, "the JSON object a checkpoint writes"):
-        fields = json.loads(file.read_text(encoding="utf-8"))
+        fields = loads_bounded(file.read_text(encoding="utf-8"))
     if not isinstance(fields, dict):
         raise DataError(f"{file}: expected a JSON object, got {type(fields).__name__}")
     unknown = sorted(set(fields) - set(STATE_FIELDS))

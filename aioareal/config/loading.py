@@ -14,7 +14,8 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from ..errors import ConfigError, UserError, reading
+from ..errors import ConfigError, UserError, shown
+from .bounded_yaml import load_yaml
 from .limits import check_value
 from .schema import Config
 
@@ -60,35 +61,35 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             raise errors[0]
         # Several types admitted (true | false | auto): name them all, not only the first's.
         expected = [str(e).split(": ", 1)[1].rsplit(", got ", 1)[0].removeprefix("expected ") for e in errors]
-        raise ConfigError(key, f"expected {' or '.join(expected)}, got {value!r}")
+        raise ConfigError(key, f"expected {' or '.join(expected)}, got {shown(value)}")
     if origin is Literal:
         if value not in args:
             choices = f"one of {' | '.join(map(str, args))}" if len(args) > 1 else str(args[0])
-            raise ConfigError(key, f"expected {choices}, got {value!r}")
+            raise ConfigError(key, f"expected {choices}, got {shown(value)}")
         return value
     if origin is list:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
+            value = split_list(value)
         if not isinstance(value, list):
             value = [value]
         return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(key, f"expected true or false, got {value!r}")
+            raise ConfigError(key, f"expected true or false, got {shown(value)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
+            raise ConfigError(key, f"expected an integer, got {shown(value)}")
         return value
     if annotation is float:
         if isinstance(value, str):
             value = _float_or_none(value)  # YAML 1.1 reads '1e-5' as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, f"expected a number, got {value!r}")
+            raise ConfigError(key, f"expected a number, got {shown(value)}")
         return _to_float(value, key)
     if annotation is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(key, f"expected a string, got {value!r}")
+            raise ConfigError(key, f"expected a string, got {shown(value)}")
         return str(value)
     raise TypeError(f"unsupported annotation {annotation!r} for {key}")
 
@@ -107,8 +108,17 @@ def _yaml_scalar(text: str, key: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(key, f"not a valid value {text!r} ({getattr(e, 'problem', None) or 'malformed YAML'})"
-                          ) from None
+        problem = getattr(e, "problem", None) or "malformed YAML"
+        raise ConfigError(key, f"not a valid value {shown(text)} ({problem})") from None
+
+
+def split_list(text: str) -> list[str]:
+    """A list written on the command line: `a,b`, `[a,b]`, `[a, 'b']` or `[]`."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    items = (v.strip() for v in text.split(","))
+    return [v[1:-1] if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"" else v for v in items if v]
 
 
 def _float_or_none(text: str) -> float | str:
@@ -127,13 +137,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
-    try:
-        with reading(path, "a YAML mapping of config sections"):  # not UTF-8, unreadable, too deep
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    data = load_yaml(path) or {}  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(data).__name__}")
     return data
@@ -155,7 +159,7 @@ def merge_nested(base: dict[str, dict[str, Any]], layer: dict[str, Any], source:
             where = "command line" if source == "cli" else source
             raise UserError(f"{where}: unknown config section '{section}' (expected one of {', '.join(sections)})")
         if not isinstance(values, dict):
-            raise ConfigError(section, f"{source}: expected a mapping of keys, got {values!r}")
+            raise ConfigError(section, f"{source}: expected a mapping of keys, got {shown(values)}")
         fields = {f.name for f in dataclasses.fields(sections[section])}
         for key, value in values.items():
             if key not in fields:
@@ -181,22 +185,50 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 flags: dict[str, Any] | None = None) -> Config:
-    """Defaults < YAML at `path` < `flags` ({'rollout.mode': 'async'}) < `overrides` ('k=v' strings)."""
+    """Defaults < profile (without a file, profiles.py) < YAML at `path` < `flags` ({'rollout.mode': 'async'})
+    < `overrides` ('k=v' strings)."""
+    return load_with_sources(path, overrides, flags)[0]
+
+
+def load_with_sources(path: str | Path | None = None, overrides: list[str] | None = None,
+                      flags: dict[str, Any] | None = None) -> tuple[Config, dict[str, str]]:
+    """The config and, for every key, where its value came from: default, profile NAME (profiles.py),
+    file PATH, flag, or key=value."""
     layers: dict[str, dict[str, Any]] = {}
     if path is not None:
         merge_nested(layers, read_yaml(path), str(path))
-    dotted: dict[str, Any] = {k: v for k, v in (flags or {}).items() if v is not None}
-    dotted.update(parse_override(o) for o in overrides or [])
+    set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    set_overrides = dict(parse_override(o) for o in overrides or [])
     nested: dict[str, dict[str, Any]] = {}
-    for key, value in dotted.items():
+    for key, value in {**set_flags, **set_overrides}.items():
         section, _, name = key.partition(".")
         nested.setdefault(section, {})[name] = value
     rollout = nested.get("rollout", {})
     if "mode" in rollout and "max_staleness" not in rollout:
         # `--mode sync` on an async config means sync with its own K, not the file's K.
         layers.get("rollout", {}).pop("max_staleness", None)
+    sources = {f"{s}.{k}": f"file {path}" for s, values in layers.items() for k in values}
     merge_nested(layers, nested, "cli")
-    return build(layers)
+    sources.update({k: "flag" for k in set_flags})
+    sources.update({k: "key=value" for k in set_overrides})
+    if path is None:  # a config file states the run: its unset keys keep the dataclass defaults
+        sources.update(_apply_profile(layers))
+    return build(layers), {key: sources.get(key, "default") for key in known_keys()}
+
+
+def _apply_profile(layers: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Put the model's defaults profile beneath what was set; the keys it filled -> 'profile NAME'."""
+    from .profiles import profile_for
+
+    name, values = profile_for(str(layers.get("model", {}).get("name", "tiny")),
+                               str(layers.get("data", {}).get("task", "arithmetic")))
+    filled = {}
+    for key, value in values.items():
+        section, _, field = key.partition(".")
+        if field not in layers.setdefault(section, {}):
+            layers[section][field] = value
+            filled[key] = f"profile {name}"
+    return filled
 
 
 def to_dict(config: Config) -> dict[str, Any]:

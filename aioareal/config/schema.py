@@ -59,7 +59,8 @@ class DataConfig:
     eval_split: str | None = doc("held-out split; none = carve data.eval_size rows off the training rows", None)
     eval_path: str | None = doc("local file for the held-out split", None)
     eval_size: int = doc("held-out prompts used for evaluation", 200)
-    prompt_field: str = doc("row field with the prompt text", "question")
+    prompt_field: str = doc("row field with the prompt: text, or TRL's conversational list of {role, content} "
+                            "messages (rows without 'question' but with TRL's 'prompt' use that)", "question")
     answer_field: str = doc("row field with the reference answer (file/hub tasks: optional with reward.functions)",
                             "answer")
     prompt_template: str | None = doc("raw template with {field} placeholders (instead of the chat template)", None)

@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UserError
+from ..models.chat_template import apply_template
+
 SENTINEL = "\x00aioareal-turn\x00"
 
 
@@ -38,7 +41,9 @@ class Codec:
         messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
                     {"role": role, "content": text}]
         try:
-            rendered = self.template.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered = apply_template(self.template, messages, add_generation_prompt=True)  # step-bounded
+        except UserError:  # a template that does not end: not a fallback, the run stops
+            raise
         except Exception:  # a template that refuses this role (jinja raise_exception): the next fallback
             return None
         at = rendered.find(SENTINEL)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
+from ..config.bounded_yaml import load_yaml
 from ..errors import DataError, UserError, reading
 from ..io import iter_jsonl
 
@@ -98,11 +98,7 @@ def load_run(d: Path, root: Path) -> Run:
 
 
 def read_config(file: Path) -> dict[str, Any]:
-    try:
-        with reading(file, "a YAML mapping of config sections"):  # not UTF-8, unreadable
-            config = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise UserError(f"{file}: not valid YAML ({str(e).splitlines()[0]})") from None
+    config = load_yaml(file)  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(config, dict):
         raise UserError(f"{file}: expected a mapping of config sections, got {type(config).__name__}")
     return config

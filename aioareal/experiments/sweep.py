@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .. import checkpoint
 from ..checkpoint import is_done
 from ..config import Config, load_config
-from ..errors import UserError, one_line, reading
+from ..config.bounded_yaml import load_yaml
+from ..errors import UserError, one_line
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
@@ -53,17 +52,10 @@ class PlannedRun:
 
 
 def read_spec(path: Path) -> dict[str, Any]:
-    """The sweep file, every key checked for its shape (sweep files are data: yaml.safe_load)."""
+    """The sweep file, every key checked for its shape (sweep files are data, read with bounds)."""
     if not path.is_file():
         raise UserError(f"sweep file not found: {path}")
-    with reading(path, "a YAML mapping"):
-        text = path.read_text(encoding="utf-8")
-    try:
-        spec = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UserError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML "
-                        f"({getattr(e, 'problem', None) or 'malformed'})") from None
+    spec = load_yaml(path) or {}  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(spec, dict):
         raise UserError(f"{path}: expected a mapping with name, base, set, cases, grid, seeds")
     unknown = set(map(str, spec)) - SPEC_KEYS

@@ -21,6 +21,7 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..errors import UserError
+from .gguf_header import check_gguf_header
 
 REQUIRED = ("gguf", "accelerate")  # transformers' GGUF loader needs both; neither is a core dependency
 INSTALL_HINT = "pip install 'aioareal[gguf]'"
@@ -29,6 +30,7 @@ INSTALL_HINT = "pip install 'aioareal[gguf]'"
 def convert(path: Path, out: Path) -> None:
     """Dequantize the GGUF file at `path` into the Hugging Face directory `out` (which exists)."""
     require_packages(path)
+    check_gguf_header(path)  # every claimed count within the file's size, before a reader allocates
     check_readable(path)
     with _alone(path) as link:
         try:

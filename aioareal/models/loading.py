@@ -6,18 +6,28 @@ loaded from disk exactly like a downloaded one, so tests exercise the code real 
 
 Weights load from safetensors only, unless `model.allow_pickle`: a `*.bin` file is a pickle, and
 unpickling a file someone else produced can run their code. A local directory with only pickle
-weights is refused up front, naming the file; a hub repository cannot be listed offline, so for a
-hub name `use_safetensors=True` makes transformers refuse instead. `trust_remote_code` (the
-model's own Python files) is off unless the config turns it on.
+weights is refused up front, naming the file, and so is one holding a PEFT adapter whose weights
+are a pickle (`adapter_model.bin`), which transformers would load onto the model; a hub repository
+cannot be listed offline, so for a hub name `use_safetensors=True` makes transformers refuse
+instead (an adapter there loads through peft's `torch.load(weights_only=True)`, safe from torch 2.6
+on, the floor in pyproject.toml). `trust_remote_code` (the model's own Python files) is off unless
+the config turns it on.
 """
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from ..errors import UserError
 from .attention import ATTENTION
@@ -75,12 +85,28 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
     name = resolve_source(name)
     _check_local(name)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        loader = PreTrainedTokenizerFast if _saved_as_is(name) else AutoTokenizer
+        tokenizer = loader.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise UserError(f"model.name '{name}': could not load its tokenizer ({_first_line(e)})") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _saved_as_is(name: str) -> bool:
+    """A local directory whose tokenizer was saved as a plain tokenizer.json (the tiny model's character
+    tokenizer, a converted GGUF's): AutoTokenizer would rebuild it as the model type's class
+    (Qwen2Tokenizer from vocabulary and merges), losing its own pre-tokenizer (spaces, newlines)."""
+    path = Path(name)
+    config = path / "tokenizer_config.json"
+    if not (config.is_file() and (path / "tokenizer.json").is_file()):
+        return False
+    try:
+        saved_class = json.loads(config.read_text()).get("tokenizer_class")
+    except (ValueError, AttributeError):
+        return False
+    return saved_class in ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,
@@ -92,6 +118,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     _check_local(name)
     if not allow_pickle:
         _refuse_pickle_only(name)
+        _refuse_pickle_adapter(name)
     try:
         # None, not False: with pickles allowed transformers still prefers safetensors when both exist.
         model = AutoModelForCausalLM.from_pretrained(
@@ -141,6 +168,20 @@ def _refuse_pickle_only(name: str) -> None:
     if pickles:
         raise UserError(f"model.name '{name}': {pickles[0]} holds pickle weights and there is no *.safetensors "
                         f"beside it; {ALLOW_PICKLE_HINT}")
+
+
+def _refuse_pickle_adapter(name: str) -> None:
+    """A local directory with a PEFT adapter whose weights are only a pickle is an error naming the
+    file: with peft installed, transformers loads any adapter it finds beside a model (and a
+    checkpoint's `policy/` is such a directory), through peft, which unpickles `adapter_model.bin`
+    when no `adapter_model.safetensors` is there (docs/reliability.md#adapters)."""
+    path = Path(name).expanduser()
+    if not (path / "adapter_config.json").is_file() or (path / "adapter_model.safetensors").exists():
+        return
+    pickles = sorted(path.glob("adapter_model*.bin")) + sorted(path.glob("adapter_model*.pt"))
+    if pickles:
+        raise UserError(f"model.name '{name}': {pickles[0]} is a PEFT adapter in pickle form, which transformers "
+                        f"would load onto the model; {ALLOW_PICKLE_HINT}")
 
 
 def _is_local(name: str) -> bool:

@@ -57,6 +57,8 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
         "reward_mean": fmean(rewards),
         "reward_std": pstdev(rewards),
         "response_len_mean": fmean(len(s.tokens) for s in samples),
+        # Completions cut off by the length limit (generation.max_new_tokens or the context), not ended by EOS.
+        "clipped_frac": fmean(s.completion.finish_reason == "length" for s in samples),
         "staleness_mean": fmean(staleness),
         "staleness_max": max(staleness),
         "dropped_stale": counters["dropped_stale"],
@@ -68,7 +70,7 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
         # Busy time can exceed the wall time by the clocks' granularity: clamp the idle share at 0.
         "gen_idle_frac": max(0.0, 1.0 - _ratio(gen_busy, wall)),
         "train_idle_frac": max(0.0, 1.0 - _ratio(train_busy, wall)),
-        **{k: v for k, v in counters.items() if k.startswith(("groups_", "reward_", "episode_", "tool_"))},
+        **{k: v for k, v in counters.items() if k.startswith(("groups_", "reward_", "reward/", "episode_", "tool_"))},
         **episode_figures(samples),
         **metrics,
         **{f"time_gen_{phase}": now.gen_phases.get(phase, 0.0) - before.gen_phases.get(phase, 0.0)

@@ -111,6 +111,11 @@ class RewardService:
             return self._failed_call(entries, len(completions))
         return self._tally(entries)
 
+    def scorer_metrics(self) -> dict[str, float]:
+        """The scorer's own figures for a metrics row (reward functions: each one's mean and std), if any."""
+        metrics = getattr(self.scorer, "metrics", None)
+        return metrics() if callable(metrics) else {}
+
     def close(self) -> None:
         """Nothing to shut down here: stage-1 threads are daemons; worker pools end at interpreter exit
         (`pool.py`), or with the `close` of whoever made them."""
@@ -156,7 +161,11 @@ class RewardService:
             texts = [c if isinstance(c, str) else self.decode(c) for c in completions]
             if decoded is not None:  # one append, atomic under the GIL: the loop sees no texts or all of them
                 decoded.append(texts)
-            value = self.scorer(texts, examples)
+            if getattr(self.scorer, "takes_completion_ids", False):  # TRL's `completion_ids` for reward functions
+                ids = [c for c in completions if not isinstance(c, str)]
+                value = self.scorer(texts, examples, completion_ids=ids if len(ids) == len(texts) else None)
+            else:
+                value = self.scorer(texts, examples)
             return list(value) if isinstance(value, Iterator) else value  # drain a generator here, not on the loop
         except Exception as e:  # a verifier (or detokenizer) bug must not end a long run: counted
             return Outcome("error", message=f"{type(e).__name__}: {e}")

@@ -20,7 +20,7 @@ from ..generation.fused_sampling import fused_sampler_enabled
 from ..models import load_model, lora, resolve_dtype
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards.service import RewardService
-from ..tasks import PromptRenderer, Task, build_scorer, build_task
+from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
 from ..tasks.base import Example
 from ..trainer import Trainer
 from ..trainer.compiled import compile_layers
@@ -70,6 +70,8 @@ def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Pr
     d = config.data
     chat = data.task.chat if d.chat_template is None else d.chat_template
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
+    if isinstance(data.task, RewardedTask):  # evaluation's reward functions get completion_ids too
+        data.task.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
     train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
     chat = chat and d.prompt_template is None  # what the renderer does: a raw template wins
     if not data.held_out:
@@ -83,16 +85,21 @@ def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int
     """Tokenise every prompt once, up front, so a prompt longer than the context is reported (or,
     with data.skip_bad_rows, skipped and counted) before training starts, not hours into it."""
     kept, ids, too_long = [], {}, []
+    most_chars = renderer.most_chars(limit)
     for example in examples:
-        tokens = renderer.ids(example)
-        if len(tokens) > limit:
-            too_long.append((example.uid, len(tokens)))
+        text = renderer.text(example)
+        # Length first: a multi-megabyte row is refused (or skipped) without tokenizing it whole.
+        tokens = renderer.encode(text) if len(text) <= most_chars else None
+        if tokens is None or len(tokens) > limit:
+            size = (f"{len(tokens)} tokens" if tokens is not None
+                    else f"{len(text):,} characters (so over {limit} tokens)")
+            too_long.append((example.uid, size))
             continue
         kept.append(example)
         ids[example.uid] = tokens
     if too_long and not skip_bad:
-        uid, n = too_long[0]
-        raise UserError(f"{split} prompt '{uid}' has {n} tokens, more than data.max_prompt_tokens={limit} "
+        uid, size = too_long[0]
+        raise UserError(f"{split} prompt '{uid}' has {size}, more than data.max_prompt_tokens={limit} "
                         f"({len(too_long)} such prompts); raise the limit or set data.skip_bad_rows=true")
     if too_long:
         log(f"skipped {len(too_long)} {split} prompts longer than data.max_prompt_tokens={limit}")

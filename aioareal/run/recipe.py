@@ -17,11 +17,11 @@ import torch
 
 from .. import checkpoint
 from ..checkpoint import RunState
+from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
 from ..devices import cpu_threads, threads_restored
 from ..errors import RunStopped, UserError
 from ..generation import Engine
-from ..io import make_dir
 from ..models import eos_token_ids, load_tokenizer, lora
 from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
@@ -137,7 +137,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     episodes = isinstance(parts.generator, EpisodeWorker)  # they score themselves, and count their tools
     counters = (lambda: {**parts.rewards.stats.metrics(), **parts.generator.counters()}) if episodes \
-        else parts.rewards.stats.metrics
+        else (lambda: {**parts.rewards.stats.metrics(), **parts.rewards.scorer_metrics()})
     orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts,
                                 stored_rewards if episodes else parts.rewards.score_group,
                                 parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,
@@ -173,9 +173,17 @@ def check_fresh_run_dir(run_dir: Path) -> None:
 
 
 def _run_dir(config: Config, resume_from: Path | None) -> Path:
+    """The run's directory, owned by this process from here to the end of `train` (rank 0 alone
+    under torchrun): docs/reliability.md#run-directories. Owned before it is checked, so two runs
+    started together cannot both find it fresh."""
     run_dir = Path(config.run.run_dir) if config.run.run_dir else default_run_dir(config)
-    if resume_from is None:
-        check_fresh_run_dir(run_dir)
+    own_run_dir(run_dir)
+    try:
+        if resume_from is None:
+            check_fresh_run_dir(run_dir)
+    except BaseException:
+        release_run_dir(run_dir)
+        raise
     return run_dir
 
 
@@ -189,7 +197,17 @@ def train(config: Config, log: Callable[[str], None] = print,
     if not cell.is_main:  # under torchrun rank 0 speaks for all; the others print only errors
         log, printer = quiet, quiet
     run_dir = cell.main_decides(lambda: _run_dir(config, resume_from))  # one directory, one check, for all ranks
-    make_dir(run_dir, "run directory")
+    try:
+        return _train_in(run_dir, config, log, printer, resume_from, header_fn, cell)
+    finally:
+        if cell.is_main:
+            release_run_dir(run_dir)
+
+
+def _train_in(run_dir: Path, config: Config, log: Callable[[str], None],
+              printer: Callable[[dict[str, Any]], None] | None, resume_from: Path | None,
+              header_fn: Callable[[], str] | None, cell: Cell) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
     log(dump_yaml(cell.recorded(config)))
     if cell.is_main:
         save_config(cell.recorded(config), run_dir / "config.yaml")

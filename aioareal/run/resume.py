@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..checkpoint.resume import decide, resume_config
 from .cell import Cell, current_cell
 from .recipe import train
@@ -19,7 +20,22 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
     config = resume_config(run_dir, overrides or [], flags or {}, force)
     # Under torchrun rank 0 alone reads and tidies the run directory, and tells the others.
     cell = cell or current_cell()
-    action, latest = cell.main_decides(lambda: decide(run_dir, config, log))
-    if action == "done":
-        return run_dir
-    return train(config, log, printer, resume_from=latest, header_fn=header_fn, cell=cell)
+    # Owned before the first look (decide tidies the directory), so a live run is never touched:
+    # docs/reliability.md#run-directories.
+    action, latest = cell.main_decides(lambda: _owned_decision(run_dir, config, log))
+    try:
+        if action == "done":
+            return run_dir
+        return train(config, log, printer, resume_from=latest, header_fn=header_fn, cell=cell)
+    finally:
+        if cell.is_main:
+            release_run_dir(run_dir)
+
+
+def _owned_decision(run_dir: Path, config: Any, log: Callable[[str], None]) -> tuple[str, Path | None]:
+    own_run_dir(run_dir)
+    try:
+        return decide(run_dir, config, log)
+    except BaseException:
+        release_run_dir(run_dir)
+        raise

@@ -7,15 +7,21 @@ admission order, so a simulation of a bench setting sees exactly the lengths the
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import UserError
-from .modelled import gsm8k_like_length
 
 Draw = Callable[[random.Random], int]
 KINDS = ("gsm8k", "uniform", "fixed")
+
+
+def gsm8k_like_length(rng: random.Random, mean: float = 200.0, cap: int = 1024) -> int:
+    """Long-tailed completion lengths: lognormal with GSM8K-like spread, capped."""
+    sigma = 0.6
+    return max(1, min(cap, int(rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma))))
 
 
 def length_sampler(kind: str, mean: float, cap: int) -> Draw:

@@ -35,6 +35,7 @@ class Setting:
     seed: int = 0
     reward_s: float | None = None  # None: the profile's
     recompute_kv: bool = True
+    single_steps: bool = False  # one decode step per generator call: the reference the fast path is checked against
 
 
 @dataclass
@@ -87,7 +88,8 @@ def _cell(profile: Profile, setting: Setting, topology: Topology, schedule: Sche
     trainer = ProfiledTrainer(profile, device, topology.publish_s(profile), lockstep, topology.allreduce_s(profile))
     slots = setting.slots or setting.batch_groups * setting.group_size
     # Cell 0 draws the lengths `bench e2e` forces with the same seed, group by group.
-    gen = ProfiledGenerator(profile, device, trainer, slots, draw, setting.seed + index, setting.recompute_kv)
+    gen = ProfiledGenerator(profile, device, trainer, slots, draw, setting.seed + index, setting.recompute_kv,
+                             setting.single_steps)
     # Distinct prompts (only their lengths cost anything): a trainer with shared prompts computes
     # each group's prompt once, and equal prompts across groups would count once in all.
     prompts = PromptSource([Example(str(i), "", "") for i in range(PROMPTS)],

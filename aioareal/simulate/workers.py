@@ -29,11 +29,8 @@ from ..generation.sequence import GroupTally
 from ..samples import Group
 from .cell import Device, Lockstep, sleep_unless
 from .decodeplan import Segment, plan_seconds, steps_begun
-from .modelled import QueuedSequences
 from .profile import Profile
-
-# Tests set this: the reference path, one decode step per `step` call, as the engine does.
-SINGLE_STEPS = False
+from .queued import QueuedSequences
 
 
 @dataclass(slots=True)
@@ -50,8 +47,12 @@ class _Seq:
 
 class ProfiledGenerator(QueuedSequences):
     def __init__(self, profile: Profile, device: Device, trainer: ProfiledTrainer, slots: int,
-                 draw: Callable[[random.Random], int], seed: int, recompute_kv: bool = True) -> None:
+                 draw: Callable[[random.Random], int], seed: int, recompute_kv: bool = True,
+                 single_steps: bool = False) -> None:
         self.p, self.device, self.trainer, self.slots, self.draw = profile, device, trainer, slots, draw
+        # The reference path: one decode step per `step` call, as the engine does (the fast path
+        # sleeps to the next moment the orchestrator must see; the two agree, tests/test_simulate.py).
+        self.single_steps = single_steps
         self.rng = random.Random(seed)  # the bench's ForcedLengths draws with the same seed, in the same order
         self.recompute_kv = recompute_kv
         self.live_rows = profile.device.startswith("cpu")
@@ -123,8 +124,8 @@ class ProfiledGenerator(QueuedSequences):
             end = self.ends[0][0]
             # The engine decodes slots [0, highest live]; on the CPU only the running ones where that pays.
             rows, span = self._top(self.by_slot, gone, aside) + 1, self._top(self.by_reach, gone, aside) + step
-            plan += self._segments(1 if SINGLE_STEPS else end - step, rows, len(self.running) - len(gone), span)
-            if SINGLE_STEPS:
+            plan += self._segments(1 if self.single_steps else end - step, rows, len(self.running) - len(gone), span)
+            if self.single_steps:
                 break
             step, done = end, False
             while self.ends and self.ends[0][0] == end:

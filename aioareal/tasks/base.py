@@ -6,11 +6,11 @@ a `Task` yields `Example`s for a training and a held-out split and scores comple
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import UserError
+from ..io import loads_bounded
 
 if TYPE_CHECKING:  # not at run time: reward worker processes import tasks without transformers
     from transformers import PreTrainedTokenizerBase
@@ -22,6 +22,9 @@ class Example:
     prompt: str  # the user message (chat) or the full prompt text (raw)
     answer: str  # reference the verifier compares against
     row: dict[str, Any] = field(default_factory=dict, compare=False)  # original columns, for reward functions
+    # A conversational row (TRL's format): the prompt as {role, content} messages, rendered with the
+    # chat template as they are; `prompt` then holds the last user message (for display).
+    messages: list[dict[str, str]] | None = field(default=None, compare=False)
 
 
 @runtime_checkable
@@ -47,6 +50,7 @@ class PromptRenderer:
             raise UserError("data.chat_template is true but the tokenizer has no chat template; "
                             "set data.chat_template=false or data.prompt_template='...{question}...'")
         self.tokenizer, self.chat, self.system_prompt, self.template = tokenizer, chat, system_prompt, template
+        self._longest: int | None = None
 
     def text(self, example: Example) -> str:
         if self.template is not None:
@@ -57,6 +61,8 @@ class PromptRenderer:
                                 f"(fields: {', '.join(map(str, example.row))})") from None
             except (ValueError, TypeError, IndexError) as e:  # a format spec the row's value does not take
                 raise UserError(f"data.prompt_template does not format row {example.uid}: {e}") from None
+        if example.messages is not None:
+            return self._conversation(example)
         if not self.chat:
             return example.prompt
         # A row may bring its own system prompt and tools (JSON schemas, or a JSON string of them) for
@@ -66,19 +72,48 @@ class PromptRenderer:
         messages.append({"role": "user", "content": example.prompt})
         tools = _row_tools(example)
         extra = {"tools": tools} if tools else {}
+        return self._render(messages, example, **extra)
+
+    def _conversation(self, example: Example) -> str:
+        if not self.chat or not getattr(self.tokenizer, "chat_template", None):
+            raise UserError(f"row {example.uid}: a conversational prompt (a list of messages) needs the chat template; "
+                            "unset data.prompt_template and data.chat_template=false")
+        messages = list(example.messages or [])
+        if self.system_prompt and not (messages and messages[0]["role"] == "system"):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        tools = _row_tools(example)
+        extra = {"tools": tools} if tools else {}
+        return self._render(messages, example, **extra)
+
+    def _render(self, messages: list[dict[str, Any]], example: Example, **extra: Any) -> str:
+        # Under a step bound: a template is a program from the model's files. Imported here, as reward
+        # workers import this module without transformers (models/__init__ loads it).
+        from ..models.chat_template import apply_template
+
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+            return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
         except Exception as e:
-            # The chat template is a program shipped in the model's files: one that refuses a row
-            # (raise_exception), breaks jinja's sandbox or is malformed is the model's fault or the
-            # data's, not ours. Our own errors (UserError) pass through.
+            # One that refuses a row (raise_exception), breaks jinja's sandbox or is malformed is the
+            # model's fault or the data's, not ours: one line. Our own errors (UserError) pass through.
             if isinstance(e, UserError) or not _template_error(e):
                 raise
             raise UserError(f"the tokenizer's chat template refused row {example.uid}: {type(e).__name__}: {e}; "
                             "set data.chat_template=false or data.prompt_template='...{question}...'") from None
 
     def ids(self, example: Example) -> list[int]:
-        return self.tokenizer.encode(self.text(example), add_special_tokens=False)
+        return self.encode(self.text(example))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def most_chars(self, tokens: int) -> int:
+        """A text longer than this has more than `tokens` tokens, for sure: no token covers more
+        characters than the vocabulary's longest entry (byte-level entries spell each byte as one
+        character), doubled for normalizers that fold two characters into one. Checked before
+        tokenizing, so a multi-megabyte row is refused without being tokenized whole."""
+        if self._longest is None:
+            self._longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        return tokens * 2 * max(self._longest, 1)
 
 
 def _template_error(e: Exception) -> bool:
@@ -94,7 +129,7 @@ def _row_tools(example: Example) -> list[dict[str, Any]] | None:
         return None
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = loads_bounded(tools)
         except ValueError:
             raise UserError(f"row {example.uid}: its 'tools' column is not JSON (expected a list of tool schemas, e.g. "
                             '[{"type": "function", "function": {"name": "calculator", ...}}])') from None

@@ -20,6 +20,8 @@ from .base import Example
 from .rows import RowSource, RowTask, field_value
 from .verify import Deferred, grade, math_equal
 
+DEFAULT_PROMPT_FIELD = "question"  # data.prompt_field's default; a row with only TRL's `prompt` uses that
+
 
 class CustomTask(RowTask):
     def __init__(self, source: RowSource, name: str = "file", prompt_field: str = "question",
@@ -41,10 +43,16 @@ class CustomTask(RowTask):
 
     def _example(self, row: dict[str, Any], where: str, split: str, index: int) -> Example | None:
         skip = self.source.skip_bad_rows
-        prompt = field_value(row, self.prompt_field, where, skip, hint="; set data.prompt_field")
+        name = self.prompt_field
+        if name == DEFAULT_PROMPT_FIELD and name not in row and "prompt" in row:
+            name = "prompt"  # TRL's column, as its datasets have it
+        prompt = field_value(row, name, where, skip, hint="; set data.prompt_field")
         if prompt is None:
             return None
-        if not isinstance(prompt, str):
+        messages = conversation(prompt, f"{where}: field '{name}'") if isinstance(prompt, list) else None
+        if messages is not None:
+            prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+        elif not isinstance(prompt, str):
             raise DataError(f"{where}: field '{self.prompt_field}' is a {type(prompt).__name__}, expected the "
                             f"prompt text (a string); data.system_prompt sets a system message")
         if self.answer_required:
@@ -55,7 +63,17 @@ class CustomTask(RowTask):
         else:
             answer = row.get(self.answer_field)
         return Example(uid=f"{self.name}-{split}-{index}", prompt=prompt,
-                       answer="" if answer is None else str(answer).strip(), row=row)
+                       answer="" if answer is None else str(answer).strip(), row=row, messages=messages)
+
+
+def conversation(value: list[Any], where: str) -> list[dict[str, str]]:
+    """A prompt column holding TRL's conversational format: a non-empty list of {role, content}."""
+    ok = bool(value) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                             and isinstance(m.get("content"), str) for m in value)
+    if not ok:
+        raise DataError(f"{where}: expected a prompt string or a list of messages "
+                        '[{"role": "user", "content": "..."}, ...]')
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 def _squash(text: str) -> str:

@@ -25,8 +25,12 @@ class ProcessRewards:
     def __init__(self, specs: list[str], weights: list[float] | None = None) -> None:
         self.specs, self.weights = tuple(specs), tuple(weights or ())
 
-    def __call__(self, texts: list[str], examples: list[Example]) -> Deferred:
-        return Deferred(f"{__name__}:score_in_worker", (self.specs, self.weights, list(texts), batch_columns(examples)))
+    takes_completion_ids = True  # the reward service passes the completions' token ids (rewards/service.py)
+
+    def __call__(self, texts: list[str], examples: list[Example],
+                 completion_ids: list[list[int]] | None = None) -> Deferred:
+        columns = batch_columns(examples, completion_ids)
+        return Deferred(f"{__name__}:score_in_worker", (self.specs, self.weights, list(texts), columns))
 
 
 def score_in_worker(specs: tuple[str, ...], weights: tuple[float, ...], texts: list[str],

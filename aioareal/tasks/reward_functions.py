@@ -25,6 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from statistics import fmean, pstdev
 from typing import Any
 
 from ..errors import UserError
@@ -49,7 +50,11 @@ class RewardFunction:
     accepts: frozenset[str] | None  # keyword arguments it takes; None: any (it has **kwargs)
     required: frozenset[str]  # arguments without defaults, besides completions
 
-    def __call__(self, completions: list[str], columns: dict[str, list[Any]]) -> list[float | None]:
+    @property
+    def name(self) -> str:  # as TRL logs it: the function's __name__
+        return getattr(self.fn, "__name__", self.spec.rsplit(":", 1)[-1])
+
+    def __call__(self, completions: list[Any], columns: dict[str, list[Any]]) -> list[float | None]:
         kwargs = columns if self.accepts is None else {k: v for k, v in columns.items() if k in self.accepts}
         missing = sorted(self.required - kwargs.keys())
         if missing:
@@ -94,44 +99,79 @@ def run_to_completion(awaitable: Awaitable[Any]) -> Any:
         return pool.submit(asyncio.run, wait()).result()
 
 
-def batch_columns(examples: list[Example]) -> dict[str, list[Any]]:
-    """TRL's reward kwargs: each row column as a list aligned with the completions, plus `prompts`."""
+def batch_columns(examples: list[Example], completion_ids: list[list[int]] | None = None) -> dict[str, list[Any]]:
+    """TRL's reward kwargs: each row column as a list aligned with the completions, plus `prompts`
+    (message lists for conversational rows, as TRL passes them) and `completion_ids` when known."""
     keys = [k for k in dict.fromkeys(k for e in examples for k in e.row) if k not in RESERVED]
     columns = {k: [e.row.get(k) for e in examples] for k in keys}
     if "answer" not in columns and any(e.answer for e in examples):
         columns["answer"] = [e.answer for e in examples]  # a task whose rows carry no answer column
-    columns["prompts"] = [e.prompt for e in examples]
+    columns["prompts"] = [e.prompt if e.messages is None else [dict(m) for m in e.messages] for e in examples]
+    if completion_ids is not None:
+        columns["completion_ids"] = [list(ids) for ids in completion_ids]
     return columns
+
+
+def as_completions(texts: list[str], columns: dict[str, list[Any]]) -> list[Any]:
+    """What TRL passes as `completions`: strings, or for conversational prompts one assistant message each."""
+    prompts = columns.get("prompts") or []
+    if prompts and isinstance(prompts[0], list):
+        return [[{"role": "assistant", "content": t}] for t in texts]
+    return list(texts)
 
 
 class WeightedRewards:
     """A `BatchScorer` (rewards.RewardService's input): the weighted sum of reward functions."""
+
+    takes_completion_ids = True  # the reward service passes the completions' token ids (rewards/service.py)
 
     def __init__(self, functions: list[RewardFunction], weights: list[float] | None = None) -> None:
         weights = list(weights) if weights else [1.0] * len(functions)
         if len(weights) != len(functions):
             raise UserError(f"reward.weights has {len(weights)} entries for {len(functions)} reward.functions")
         self.functions, self.weights = functions, weights
+        self._values: dict[str, list[float]] = {fn.name: [] for fn in functions}  # since the last metrics()
+        self._values_lock = threading.Lock()
 
-    def __call__(self, texts: list[str], examples: list[Example]) -> list[float]:
-        return self.with_columns(texts, batch_columns(examples))
+    def __call__(self, texts: list[str], examples: list[Example],
+                 completion_ids: list[list[int]] | None = None) -> list[float]:
+        return self.with_columns(texts, batch_columns(examples, completion_ids), tally=True)
 
-    def with_columns(self, texts: list[str], columns: dict[str, list[Any]]) -> list[float]:
+    def with_columns(self, texts: list[str], columns: dict[str, list[Any]], tally: bool = False) -> list[float]:
         totals = [0.0] * len(texts)
+        completions = as_completions(texts, columns)
         for fn, weight in zip(self.functions, self.weights):
-            for i, value in enumerate(fn(list(texts), columns)):
+            values = fn(completions, columns)
+            for i, value in enumerate(values):
                 if value is not None:
                     totals[i] += weight * value
+            if tally:
+                with self._values_lock:
+                    self._values[fn.name] += [v for v in values if v is not None]
         return totals
+
+    def metrics(self) -> dict[str, float]:
+        """Each function's mean and std over the completions it scored since the last call (a metrics
+        row), as `reward/<name>/mean` and `reward/<name>/std`; a function that scored none is left out."""
+        with self._values_lock:
+            drained, self._values = self._values, {name: [] for name in self._values}
+        row = {}
+        for name, values in drained.items():
+            if values:
+                row[f"reward/{name}/mean"], row[f"reward/{name}/std"] = fmean(values), pstdev(values)
+        return row
 
     def check(self, examples: list[Example]) -> None:
         """Call every function once on the first two rows (their answers as completions): a wrong
         signature, return length or type is a one-line error before any model loads."""
         sample = examples[:2]
-        texts, columns = [e.answer for e in sample], batch_columns(sample)
+        texts = [e.answer for e in sample]
+        # Stand-in token ids (the answers' bytes) for the dry run: a length reward can be called.
+        columns = batch_columns(sample, [list(t.encode()) for t in texts])
+        completions = as_completions(texts, columns)
         for fn in self.functions:
             try:
-                fn(texts, columns)
+                fn(completions, columns)
             except RewardFunctionError:
                 raise
             except Exception as e:
@@ -153,6 +193,7 @@ class RewardedTask:
         self.task, self.rewards = task, rewards
         self.name, self.chat = task.name, task.chat
         self.failures = 0
+        self.encode: Callable[[str], list[int]] | None = None  # the tokenizer's, set once one is loaded
         self._lock = threading.Lock()
         self._checked = False
 
@@ -164,8 +205,9 @@ class RewardedTask:
         return train, held_out
 
     def score(self, completion: str, example: Example) -> float:
-        try:
-            return self.rewards([completion], [example])[0]
+        try:  # not tallied in the training metrics; completion_ids re-encoded from the text (when `encode` is set)
+            ids = [self.encode(completion)] if self.encode is not None else None
+            return self.rewards.with_columns([completion], batch_columns([example], ids))[0]
         except Exception:
             with self._lock:
                 self.failures += 1

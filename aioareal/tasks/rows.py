@@ -7,7 +7,6 @@ held-out source (an eval file, or a hub eval split) the held-out set is carved o
 """
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UserError
-from ..io import jsonl_lines, parse_row
+from ..io import jsonl_lines, loads_bounded, parse_row
 from .base import Example
 
 Located = list[tuple[str, dict[str, Any]]]  # (where the row is, e.g. "file.jsonl:12", row)
@@ -161,7 +160,7 @@ def _read_jsonl(p: Path, skip_bad: bool, bad: list[int]) -> Located:
 
 def _read_json(p: Path) -> Located:
     try:
-        rows = json.loads(p.read_text(encoding="utf-8"))  # undecodable bytes are a ValueError too
+        rows = loads_bounded(p.read_text(encoding="utf-8"))  # undecodable bytes are a ValueError too
     except RecursionError:
         raise DataError(f"{p}: malformed JSON (nested too deeply)") from None
     except ValueError as e:

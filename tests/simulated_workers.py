@@ -1,23 +1,16 @@
-"""Simulated generator and trainer with modelled latencies, for the virtual-clock tests and for
-studying schedules without a model. They honour the same contracts as the real workers: slots,
-whole groups, per-token policy versions, adoption only when allowed, one version per train call."""
+"""Test doubles: a generator and a trainer with modelled latencies, for the orchestrator's
+virtual-clock tests. They honour the same contracts as the real workers: slots, whole groups,
+per-token policy versions, adoption only when allowed, one version per train call."""
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..generation.sequence import GroupTally
-from ..samples import Completion, Group
-
-
-def gsm8k_like_length(rng: random.Random, mean: float = 200.0, cap: int = 1024) -> int:
-    """Long-tailed completion lengths: lognormal with GSM8K-like spread, capped."""
-    import math
-
-    sigma = 0.6
-    return max(1, min(cap, int(rng.lognormvariate(math.log(mean) - sigma * sigma / 2, sigma))))
+from aioareal.generation.sequence import GroupTally
+from aioareal.samples import Completion, Group
+from aioareal.simulate.queued import QueuedSequences
 
 
 @dataclass
@@ -25,25 +18,6 @@ class _Seq:
     group: Group
     target: int
     completion: Completion
-
-
-class QueuedSequences:
-    """The read side of the GenerationWorker contract that every simulated generator shares: its
-    `waiting` group requests and its `running` sequences."""
-
-    waiting: list[Group]
-    running: Sized
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.running)
-
-    def on_work(self, wake: Callable[[], None]) -> None:
-        """Work arrives only through `submit`."""
 
 
 class SimulatedGenerator(QueuedSequences):
