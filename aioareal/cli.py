@@ -89,7 +89,7 @@ def profile_note(args: argparse.Namespace) -> None:
         print(f"model.name={config.model.name} without --config: {len(taken)} defaults from the 'pretrained' "
               f"profile (algo.lr={config.algo.lr:g}, generation.max_new_tokens={config.generation.max_new_tokens}, "
               f"train.steps={config.train.steps}; all: python -m aioareal config --sources); a full config to start "
-              "from: configs/qwen2.5-0.5b-gsm8k.yaml", file=sys.stderr)
+              "from: configs/qwen2.5-0.5b-gsm8k.yaml")  # stdout, with the run's log: stderr is for errors
 
 
 def _quiet(*_: object) -> None:
@@ -181,6 +181,7 @@ def commands() -> dict[str, Callable[[list[str]], int]]:
             "plot": lazy(".experiments.commands", "cmd_plot"), "report": lazy(".experiments.commands", "cmd_report"),
             "sweep": lazy(".experiments.commands", "cmd_sweep"), "bench": lazy(".bench", "main"),
             "simulate": lazy(".simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
+            "eval": lazy(".use.eval_command", "main"), "chat": lazy(".use.chat", "main"),
             "export": lazy(".checkpoint.export", "main")}
 
 

@@ -181,7 +181,7 @@ REWARD_AGREEMENT = {"cases": SIZE, **{f"{k}_{grader}": kind for grader in ("ours
                                                                             "math_verify")
                                       for k, kind in (("agree", FRACTION), ("false_pass", COUNT),
                                                       ("false_fail", COUNT))}}
-# The same graders on the hand-labelled real completions (bench/real_completions.jsonl).
+# The same graders on the hand-labelled real completions (tests/data/grading/real_completions.jsonl).
 GRADERS = ("ours", "strict_regex", "flexible_regex", "math_verify")
 REWARD_AGREEMENT["real_rows"] = SIZE
 REWARD_AGREEMENT.update({f"real_{k}_{grader}": kind for grader in GRADERS

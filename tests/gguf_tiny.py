@@ -1,4 +1,5 @@
-"""A tiny llama-architecture GGUF file for the fast GGUF tests, written with the `gguf` package.
+"""A tiny llama-architecture GGUF file for the fast GGUF tests, written with the `gguf` package (or a
+qwen2 one: any family transformers maps loads the same way).
 
 The weights come from a seeded random `LlamaForCausalLM` and are written the way llama.cpp's
 converter writes them (q/k rows permuted into its rotary layout, no `output.weight` for tied
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -29,25 +30,29 @@ LAYER_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "se
                "mlp.down_proj": "ffn_down"}
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=len(TOKENS), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+def tiny_llama(seed: int = 0, arch: str = "llama") -> LlamaForCausalLM | Qwen2ForCausalLM:
+    config_class, model_class = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_class(vocab_size=len(TOKENS), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+                          rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():  # norms start at exactly 1; random ones show a mix-up of norm tensors
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):  # qwen2's q/k/v biases start at 0, which would hide a mix-up
+                p.normal_()
     return model
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, name: str = "tiny-llama") -> LlamaForCausalLM:
-    """Write the tiny model as a GGUF file at `path`; returns the model it holds."""
+def write_tiny_gguf(path: Path, seed: int = 0, name: str = "tiny-llama", arch: str = "llama"):
+    """Write the tiny model of architecture `arch` ("llama" or "qwen2") as a GGUF file at `path`;
+    returns the model it holds."""
     import gguf
 
-    model = tiny_llama(seed)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    model = tiny_llama(seed, arch)
+    writer = gguf.GGUFWriter(str(path), arch)
     _write_config(writer, model.config, name)
     _write_tokenizer(writer)
     for gguf_name, array in _gguf_tensors(model):
@@ -86,17 +91,22 @@ def _write_tokenizer(writer) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def _gguf_tensors(model: LlamaForCausalLM):
-    """(llama.cpp name, float32 array) for every weight; tied embeddings write no `output.weight`."""
+def _gguf_tensors(model: LlamaForCausalLM | Qwen2ForCausalLM):
+    """(llama.cpp name, float32 array) for every weight; tied embeddings write no `output.weight`.
+    Only llama's q/k rows are permuted (llama.cpp's converter leaves qwen2's as they are)."""
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     yield "token_embd.weight", state["model.embed_tokens.weight"]
     yield "output_norm.weight", state["model.norm.weight"]
     for layer in range(model.config.num_hidden_layers):
         for hf, cpp in LAYER_NAMES.items():
             array = state[f"model.layers.{layer}.{hf}.weight"]
-            if cpp in ("attn_q", "attn_k"):
+            llama = model.config.model_type == "llama"
+            if llama and cpp in ("attn_q", "attn_k"):
                 array = _permute(array, HEADS if cpp == "attn_q" else KV_HEADS)
             yield f"blk.{layer}.{cpp}.weight", array
+            bias = state.get(f"model.layers.{layer}.{hf}.bias")
+            if bias is not None:  # qwen2's q/k/v biases
+                yield f"blk.{layer}.{cpp}.bias", bias
 
 
 def _permute(weight: np.ndarray, heads: int) -> np.ndarray:

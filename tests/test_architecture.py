@@ -27,9 +27,10 @@ LAYERS = [
     ["aioareal.checkpoint"],
     ["aioareal.weightsync"],
     ["aioareal.trainer"],
-    ["aioareal.orchestrator"],
+    ["aioareal.orchestrator", "aioareal.evaluate"],  # evaluate: held-out sets on the engine, scored; pass@k, maj@k
     ["aioareal.monitor"],
     ["aioareal.run"],
+    ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models
     ["aioareal.simulate"],
     ["aioareal.bench"],
     ["aioareal.experiments"],

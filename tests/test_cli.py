@@ -144,9 +144,9 @@ def test_a_run_on_a_pretrained_model_says_which_defaults_it_took(capsys):
     from aioareal.cli import profile_note, train_parser
 
     profile_note(train_parser().parse_intermixed_args(["model.name=Qwen/Qwen2.5-0.5B-Instruct", "data.task=gsm8k"]))
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(err.splitlines()) == 1
-    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in err
-    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in err
+    note = capsys.readouterr().out.strip()
+    assert note.startswith("model.name=Qwen/Qwen2.5-0.5B-Instruct without --config: ") and len(note.splitlines()) == 1
+    assert "'pretrained' profile (algo.lr=1e-06, generation.max_new_tokens=512" in note
+    assert "configs/qwen2.5-0.5b-gsm8k.yaml" in note
     profile_note(train_parser().parse_intermixed_args(["model.name=random:tiny"]))
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().out == ""

@@ -115,8 +115,8 @@ ROWS = [{"step": 1, "reward": 0.0, "advantage": -1.0, "staleness": 0, "prompt_id
 def test_select_filters_sorts_and_limits():
     texts = lambda rows: [r["text"] for r in rows]  # noqa: E731
     assert texts(select(ROWS, n=2)) == ["line one\nline two", None]  # the latest, in file order
-    assert texts(select(ROWS, order="best", n=2)) == ["2", "line one\nline two"]  # ties: earlier step first
-    assert texts(select(ROWS, order="worst", n=0)) == ["3", None, "2", "line one\nline two"]
+    assert texts(select(ROWS, order="best", n=2)) == ["line one\nline two", "2"]  # ties: the later step first
+    assert texts(select(ROWS, order="worst", n=0)) == ["3", None, "line one\nline two", "2"]
     assert texts(select(ROWS, step=1, order="best")) == ["2", "3"]
 
 
@@ -131,8 +131,8 @@ def test_samples_command_prints_the_chosen_completions(tmp_path, capsys):
     run = write_run(tmp_path, [json.dumps(r) for r in ROWS])
     assert main(["samples", str(run), "--best", "-n", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("step 1 · reward 1.000 · advantage +1.000 · staleness 0 · prompt a\n  prompt: 1+1?\n  2\n")
-    assert "step 2 · reward 1.000 · advantage +0.500 · staleness 1 · prompt b\n  line one\n  line two" in out
+    assert out.startswith("step 2 · reward 1.000 · advantage +0.500 · staleness 1 · prompt b\n  line one\n  line two")
+    assert "step 1 · reward 1.000 · advantage +1.000 · staleness 0 · prompt a\n  prompt: 1+1?\n  2\n" in out
     assert main(["samples", str(run), "--step", "2", "--worst", "-n", "1"]) == 0
     assert "reward 0.500" in (out := capsys.readouterr().out) and "(no text: run.sample_text_chars=0" in out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -163,6 +164,25 @@ def test_a_bad_episode_scores_zero_is_counted_and_its_record_stays_whole(episode
     for s in g.samples:  # every sample holds a model token, its version and an end
         assert s.completion.tokens and s.version_min == 0 and s.completion.finish_reason
     assert not engine.busy and len(engine.free) == 6
+
+
+async def blocks_the_loop(example, gen):
+    await gen.turn(max_tokens=2)
+    time.sleep(0.6)  # synchronous: the whole event loop waits
+    return 1.0
+
+
+def test_an_episode_that_blocks_the_loop_between_awaits_fails_and_is_counted():
+    """A step that holds the loop past the runner's max_step_s fails the episode, named, scored 0
+    (docs/reliability.md, user code); its turn is kept."""
+    engine, queue, ctx = setup()
+    lines = []
+    runner = EpisodeRunner(blocks_the_loop, ctx, log=lines.append, max_step_s=0.2)
+    g = group(size=2)
+    rewards, failures = run(engine, queue, runner, [g])[0]
+    assert (rewards, failures, runner.stats.errors) == ([0.0, 0.0], 2, 2)
+    assert len(lines) == 1 and "raised LoopHeld: held the event loop for" in lines[0] and "limit 0.2s" in lines[0]
+    assert all(s.completion.turns for s in g.samples)
 
 
 def test_a_slow_tool_does_not_hold_the_engine():

@@ -1,6 +1,6 @@
 """Issue 28's pieces one at a time: number words, paired units, trailers, boxes, and the rule for
 which answer is final, with property tests for their invariants. The cases a careful grader scored
-are in `bench.grading_cases` (`tests/test_grading.py`)."""
+are in tests/data/grading (`tests/test_grading.py`)."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -164,3 +164,24 @@ def test_later_commitments(text: str, value: int) -> None:
 def test_trailer_detection() -> None:
     assert is_trailer("Wait, let me double-check: 9 × 2 = 18 ✓")
     assert not is_trailer("Wait, let me double-check: 9 × 2 = 18, not 20, so the answer is 18.")
+
+
+# Issue 35, item 10: an alternative the completion names after its answer only to reject it is not the answer.
+REJECTIONS = ("So she has 12 apples, not 15.", "She makes $12, not $15.", "The total is 12 and not 15.",
+              "Therefore 12 apples, not 15 as I first thought.", "12 apples rather than 15.",
+              "She has 12 left, as opposed to 15.", "That gives 12 — not 15.", "So 3 + 9 = 12, not 15.",
+              "So she earns 12 dollars, NOT 15.", "So she pays 12 dollars. Not 15.", "She keeps 12 (not 15).",
+              "The answer is 12, not 15.", "The answer is 12 rather than 15.", "The answer is 12. It is not 15.",
+              "So it is 12 instead of 15.", "\\boxed{12}, not 15", "#### 12, not 15",
+              "The answer is 15. Wait, I miscalculated: it is 12, not 15.")
+
+
+@pytest.mark.parametrize("completion", REJECTIONS)
+def test_a_rejected_alternative_is_not_the_answer(completion: str) -> None:
+    assert (grade("12", completion), grade("15", completion)) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("completion", ("It is not 15 but 12.", "Not 15, but 12.",
+                                        "She had 15, not 3. Now she has 12."))
+def test_an_answer_after_a_rejection_stands(completion: str) -> None:
+    assert grade("12", completion) == 1.0

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aioareal.errors import UserError
+from aioareal.generation.families import unsupported_reason
 from aioareal.models import eos_token_ids, gguf_convert, load_model, load_tokenizer, named
 from aioareal.models import gguf as gguf_cache
 from aioareal.models.loading import resolve_source
@@ -71,6 +72,17 @@ def test_conversion_equals_transformers_gguf_load_and_the_source_model(tiny):
     with safe_open(str(cached / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in f.keys()  # ... and is stored once
     assert "quantization_config" not in json.loads((cached / "config.json").read_text())
+
+
+def test_a_gguf_of_another_family_converts_exactly_and_runs_on_the_engine(tmp_path):
+    path = tmp_path / "tiny-qwen2.gguf"
+    source = write_tiny_gguf(path, name="tiny-qwen2", arch="qwen2")
+    model = AutoModelForCausalLM.from_pretrained(resolve_source(str(path)))
+    assert model.config.model_type == "qwen2"
+    ours = model.state_dict()
+    for name, tensor in source.state_dict().items():  # q/k/v biases included
+        assert torch.equal(ours[name], tensor), name
+    assert unsupported_reason(model.config) is None
 
 
 def test_nothing_is_unpickled_on_the_way(tiny, monkeypatch):

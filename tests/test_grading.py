@@ -1,4 +1,4 @@
-"""The GSM8K grader against a careful human grader: 258 written cases (`bench.grading_cases`), the
+"""The GSM8K grader against a careful human grader: 273 written cases (tests/data/grading), the
 reading of numbers piece by piece, the public TRL-style reward, and extraction that stays linear in
 the length of the completion."""
 from __future__ import annotations
@@ -9,13 +9,14 @@ from fractions import Fraction
 import pytest
 from gsm8k_data import GSM8KTest
 
-from aioareal.bench.grading_cases import CASES
+from aioareal.bench.cases import REPOSITORY_DIR, load_cases
 from aioareal.rewards.pool import Deferred
 from aioareal.tasks.answers import find_answer
 from aioareal.tasks.gsm8k import gsm8k_reward
 from aioareal.tasks.numbers import NumberTooLong, read_span
 from aioareal.tasks.verify import grade, grade_batch, grade_now
 
+CASES = load_cases(REPOSITORY_DIR)
 
 @pytest.mark.parametrize("kind, gold, completion, expected", CASES,
                          ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
@@ -27,7 +28,7 @@ def test_cases_cover_every_class() -> None:
     counts: dict[str, int] = {}
     for kind, *_ in CASES:
         counts[kind] = counts.get(kind, 0) + 1
-    assert len(CASES) >= 150 and all(n >= 3 for n in counts.values()), counts
+    assert len(CASES) == 273 and all(n >= 3 for n in counts.values()), counts  # 227 + 46 final-answer cases
     assert {"thousands", "scale", "mixed", "units", "modifiers", "signs", "decimals", "fractions"} <= set(counts)
 
 

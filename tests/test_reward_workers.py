@@ -184,3 +184,17 @@ def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -
     assert figures["agree_ours"] == 1.0 and figures["false_pass_ours"] == figures["false_fail_ours"] == 0
     assert figures["real_agree_ours"] == 1.0 and figures["real_rows"] >= 160
     assert max(figures[f"agree_{b}"] for b in ("math_verify", "strict_regex", "flexible_regex")) < 1.0
+
+
+def test_bench_reward_without_grading_cases_times_and_skips_agreement(capsys, monkeypatch, tmp_path: Path) -> None:
+    """An installed wheel ships no grading data: the speed figures run, agreement is skipped with a note."""
+    import aioareal.bench.cases
+
+    monkeypatch.setattr(aioareal.bench.cases, "REPOSITORY_DIR", tmp_path / "site-packages" / "tests" / "data")
+    assert main(["bench", "reward", "--data", str(gsm8k_data.SLICE / "train.jsonl"), "--completions", "16",
+                 "--repeats", "1", "--workers", "1", "--chunk", "8"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and "agreement figures skipped" in lines[0] and "--cases DIR" in lines[0]
+    figures = json.loads(lines[-1])
+    bench_schema.check(figures, bench_schema.REWARD)
+    assert figures["completions"] == 16 and "cases" not in figures and "real_rows" not in figures

@@ -1,13 +1,14 @@
 """`bench reward --from RUN` on hand-built samples.jsonl files, and `gsm8k_reward` against the hand
-labels of real SmolLM2-135M-Instruct completions (`aioareal/bench/real_completions.jsonl`)."""
+labels of real SmolLM2-135M-Instruct completions (tests/data/grading/real_completions.jsonl)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from aioareal.bench.real_completions import load
+from aioareal.bench.cases import CASE_FILES, REAL_FILE, REPOSITORY_DIR, Case, cases_dir, load_cases, load_real
 from aioareal.bench.run_completions import disagreements, read_rows, scores, summary
 from aioareal.cli import main
 from aioareal.errors import UserError
@@ -77,8 +78,9 @@ def test_from_run_errors(tmp_path: Path) -> None:
 
 
 def test_real_completions_are_labelled_and_graded_as_labelled() -> None:
-    rows = load()
-    assert len(rows) >= 160 and {r["source"] for r in rows} == {"gsm8k", "sums"}
+    rows = load_real(REPOSITORY_DIR)
+    assert len(rows) == 280 and len(load_real(REPOSITORY_DIR, "dev")) == 160  # every row of the file, each a test
+    assert {r["source"] for r in rows} == {"gsm8k", "sums"}
     assert {r["decoding"] for r in rows} == {"greedy", "sample"} and len({r["id"] for r in rows}) == len(rows)
     got = gsm8k_reward([r["completion"] for r in rows], [r["answer"] for r in rows], timeout_s=20.0)
     wrong = [r["id"] for r, g in zip(rows, got) if g != r["label"]]
@@ -86,3 +88,34 @@ def test_real_completions_are_labelled_and_graded_as_labelled() -> None:
 
 
 KNOWN_DISAGREEMENTS: list[str] = []  # held-out rows the grader misjudges (README, Rewards): none yet
+
+
+def test_bench_reward_reads_grading_cases_from_a_folder(tmp_path: Path) -> None:
+    import shutil
+
+    for name in (*CASE_FILES, REAL_FILE):
+        shutil.copy(REPOSITORY_DIR / name, tmp_path / name)
+    assert cases_dir(str(tmp_path)) == tmp_path and cases_dir(None) == REPOSITORY_DIR
+    assert load_cases(tmp_path) == load_cases(REPOSITORY_DIR) and len(load_real(tmp_path)) == 280
+    (tmp_path / REAL_FILE).unlink()
+    with pytest.raises(UserError, match=re.escape(f"--cases {tmp_path}: expected a folder with {REAL_FILE}")):
+        cases_dir(str(tmp_path))
+    assert main(["bench", "reward", "--cases", str(tmp_path / "nowhere")]) == 2
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"class": "boxed", "gold": "18", "completion": "\\\\boxed{18}", "score": 0.5}', "'score' must be 1.0"),
+    ('{"class": "boxed", "gold": 18, "completion": "\\\\boxed{18}", "score": 1.0}', "expected a text field 'gold'"),
+    ('{"class": "boxed", "gold": "18", "score": 1.0}', "expected a text field 'completion'"),
+    ('{"class": "boxed", "gold": "18", "completion": "18", "score": true}', "'score' must be 1.0"),
+    ('["boxed", "18", "18", 1.0]', "expected a JSON object per line"),
+    ('{"class": "boxed", "gold": "18",', "not a JSON row"),
+])
+def test_a_bad_case_names_its_file_and_line(tmp_path: Path, line: str, message: str) -> None:
+    good = '{"class": "boxed", "gold": "18", "completion": "\\\\boxed{18}", "score": 1.0}'
+    (tmp_path / CASE_FILES[0]).write_text(f"{good}\n{line}\n", encoding="utf-8")
+    (tmp_path / CASE_FILES[1]).write_text(good + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=rf"{CASE_FILES[0]}:2: {message}"):
+        load_cases(tmp_path)
+    (tmp_path / CASE_FILES[0]).write_text(good + "\n", encoding="utf-8")
+    assert load_cases(tmp_path) == [Case("boxed", "18", "\\boxed{18}", 1.0)] * 2

@@ -1,13 +1,14 @@
 """`bench reward`: completions/s of the GSM8K reward (one process, sharded over the reward worker
-pool, and through the reward service), and agreement with a careful grader on `bench.grading_cases`
-for ours, math-verify alone and the strict/flexible regex graders other RL stacks ship.
+pool, and through the reward service), and agreement with a careful grader on the written grading
+cases for ours, math-verify alone and the strict/flexible regex graders other RL stacks ship.
 
 Completions are built from GSM8K gold solutions (the shared data file or --data; a synthetic
 stand-in when neither exists): the question restated, the solution's lines as numbered steps with
 the calculator annotations `<<...>>` removed, and the `#### N` line replaced by one of the closing
 styles instruction-tuned models write (boxed, "The answer is", "**Final Answer:**", `#### N`, a
 closing sentence), with the right answer or a wrong one (N + 1) in turns. Agreement is measured on
-the written cases and on real model completions labelled by hand (`bench/real_completions.jsonl`);
+the written cases and on real model completions labelled by hand, read from `--cases DIR` (default:
+the repository's tests/data/grading; an installed wheel has none and skips agreement, `bench/cases.py`);
 `--from RUN` grades a run's own completions instead (`bench/run_completions.py`).
 """
 from __future__ import annotations
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds after one warm-up round; median (default 5)")
     p.add_argument("--agreement", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure agreement on the grading cases and the labelled real completions (default on)")
+    p.add_argument("--cases", default=None, metavar="DIR",
+                   help="the folder of grading cases and labelled completions (default: the repository's "
+                        "tests/data/grading, when this package sits in a clone)")
     p.add_argument("--from", dest="from_run", default=None, metavar="RUN",
                    help="grade a run's completions (RUN/samples.jsonl, or a JSONL file) with every grader and print "
                         "where they disagree, instead of timing")
@@ -53,6 +57,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.from_run:
         return run_from(args.from_run, args.completion_field, args.answer_field)
+    cases = _cases_or_note(args)
     golds, texts = completions(_rows(args.data), args.completions)
     pool = WorkerPool(args.workers, preload=("aioareal.tasks.verify", SYMBOLIC_MODULE))
     try:
@@ -70,9 +75,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               **{f"{k}_cps": round(n / s, 1) for k, s in timings.items()},
                               "single_cpu_cps": round(n / cpu, 1),
                               "pool_vs_single": round(timings["single"] / timings["pool"], 2)}
-    if args.agreement:
-        result.update(agreement())
+    if cases is not None:
+        result.update(agreement(cases))
     return result
+
+
+def _cases_or_note(args: argparse.Namespace) -> Path | None:
+    """The folder agreement is measured on (checked before any timing), or None with a one-line note."""
+    from .cases import cases_dir
+
+    if not args.agreement:
+        return None
+    folder = cases_dir(args.cases)
+    if folder is None:
+        print("bench reward: no grading cases beside this installed package (a clone has them in "
+              "tests/data/grading; --cases DIR reads them): agreement figures skipped")
+    return folder
 
 
 def completions(rows: list[dict[str, str]], n: int) -> tuple[list[str], list[str]]:
@@ -92,25 +110,25 @@ def completions(rows: list[dict[str, str]], n: int) -> tuple[list[str], list[str
     return golds, texts
 
 
-def agreement() -> dict[str, Any]:
-    """Fraction of the grading cases each grader scores as the careful grader did, and the same on
-    real completions labelled by hand (`real_*`)."""
+def agreement(folder: Path) -> dict[str, Any]:
+    """Fraction of the grading cases in `folder` each grader scores as the careful grader did, and the
+    same on real completions labelled by hand (`real_*`)."""
     from ..tasks.verify import grade_now
     from .baselines import BASELINES
-    from .grading_cases import CASES
-    from .real_completions import load
+    from .cases import load_cases, load_real
     from .run_completions import scores as graded
     from .run_completions import summary
 
-    expected = [c[3] for c in CASES]
-    scores = {"ours": grade_now([c[1] for c in CASES], [c[2] for c in CASES], 10.0)}
-    scores.update({name: [fn(c[1], c[2]) for c in CASES] for name, fn in BASELINES.items()})
-    out: dict[str, Any] = {"cases": len(CASES)}
+    cases = load_cases(folder)
+    expected = [c.score for c in cases]
+    scores = {"ours": grade_now([c.gold for c in cases], [c.completion for c in cases], 10.0)}
+    scores.update({name: [fn(c.gold, c.completion) for c in cases] for name, fn in BASELINES.items()})
+    out: dict[str, Any] = {"cases": len(cases)}
     for name, got in scores.items():
-        out[f"agree_{name}"] = round(sum(g == e for g, e in zip(got, expected)) / len(CASES), 3)
+        out[f"agree_{name}"] = round(sum(g == e for g, e in zip(got, expected)) / len(cases), 3)
         out[f"false_pass_{name}"] = sum(g == 1.0 and e == 0.0 for g, e in zip(got, expected))
         out[f"false_fail_{name}"] = sum(g == 0.0 and e == 1.0 for g, e in zip(got, expected))
-    real = load()
+    real = load_real(folder)
     return {**out, **summary(real, graded(real), prefix="real_")}
 
 

@@ -1,8 +1,9 @@
 """`bench reward --from RUN`: grade the completions a run actually produced (its `samples.jsonl`,
 or any JSONL with a completion's text and its gold answer per row) with `gsm8k_reward`, math-verify
 alone and the regex baselines, and print where they disagree, so that grading is checked on what
-models write, not only on written cases. Rows with a hand `label` (1 or 0, as in
-`bench/real_completions.jsonl`) are also scored against it: agreement, false passes, false fails.
+models write, not only on written cases. Rows with a hand `label` (1 or 0, as in the repository's
+tests/data/grading/real_completions.jsonl) are also scored against it: agreement, false passes and
+false fails.
 
 Graders run in this process one completion at a time (math-verify alone with its own signal
 timeouts, so from the main thread); ours runs its rare symbolic checks in the worker pool.

@@ -12,6 +12,7 @@ from typing import Literal
 from .algo import AlgoConfig
 from .fields import check, doc
 from .tools import ToolsConfig
+from .warmup import WarmupConfig
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -110,10 +111,15 @@ class RewardConfig:
     isolation: Literal["thread", "process"] = doc(
         "where reward.functions run: thread (nothing needs to pickle; a hung call can only be abandoned) or process "
         "(spawned workers, killed on timeout; functions and columns must pickle)", "thread")
+    memory_limit_mb: int = doc(
+        "address-space limit of each reward worker process, in MiB (RLIMIT_AS, POSIX): a check that allocates past "
+        "it fails (reward_errors) and its worker is replaced; 0 = no limit", 4096)
 
     def __post_init__(self) -> None:
         check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")
         check(self.timeout_s > 0, "reward.timeout_s", f"must be > 0, got {self.timeout_s}")
+        check(self.memory_limit_mb >= 0, "reward.memory_limit_mb", f"must be >= 0 (0 = no limit), got "
+              f"{self.memory_limit_mb}")
         check(not self.weights or len(self.weights) == len(self.functions), "reward.weights",
               f"has {len(self.weights)} entries for {len(self.functions)} reward.functions")
 
@@ -137,6 +143,9 @@ class GenerationConfig:
     shared_prefix: bool = doc(
         "decode attention reads each group's prompt keys once instead of once per sample (generation/prefix.py); "
         "eager decode only (not with CUDA graphs or generation.compile); off until measured on a GPU", False)
+    backend: Literal["auto", "engine", "hf"] = doc("auto | engine | hf: the fast engine (the families it implements) "
+                                                   "or the fallback over the model's own forward (any causal LM, "
+                                                   "slower); auto = the engine where it is exact, else hf", "auto")
 
     def __post_init__(self) -> None:
         check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
@@ -186,50 +195,28 @@ class TrainConfig:
     prefix_tree: bool | Literal["auto"] = doc("compute each distinct prefix of a micro-batch once, its sequences as a "
                                               "trie (identical completions, shared prompts); auto = on the CPU, for "
                                               "micro-batches where it computes at most 0.8x the positions", "auto")
+    max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
+                                 "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
         check(self.micro_batch_tokens > 0, "train.micro_batch_tokens", f"must be > 0, got {self.micro_batch_tokens}")
         check(self.logprob_chunk > 0, "train.logprob_chunk", f"must be > 0, got {self.logprob_chunk}")
+        check(self.max_logprob_gap >= 0, "train.max_logprob_gap", f"must be >= 0, got {self.max_logprob_gap}")
 
 
 @dataclass
 class EvalConfig:
     every: int = doc("evaluate held-out greedy pass rate every N steps (0 = only at start and end)", 25)
     max_new_tokens: int | None = doc("completion limit for evaluation (default: generation.max_new_tokens)", None)
+    samples: int = doc("also sample this many completions a held-out prompt: eval_pass_at_<k> in metrics.jsonl "
+                       "(k = 1, 2, 4, ... and eval.samples; 0 = greedy only)", 0)
+    temperature: float = doc("sampling temperature of those eval.samples completions", 1.0)
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "eval.every", f"must be >= 0, got {self.every}")
-
-
-@dataclass
-class WarmupConfig:
-    target_pass_rate: float = doc("tiny model: supervised warm-start stops at this held-out pass rate", 0.3)
-    max_steps: int = doc("tiny model: warm-start step limit", 3000)
-    batch_size: int = doc("tiny model: warm-start batch size", 128)
-    lr: float = doc("tiny model: warm-start learning rate", 1e-3)
-    ops: str = doc("tiny model: operators of the warm-start's sums (empty = arithmetic.ops)", "")
-    digits: int = doc("tiny model: operands of 1 to this many digits in the warm-start, each length equally "
-                      "likely (0 = arithmetic.digits, drawn as the task draws them)", 0)
-    calls: bool = doc("tiny model: teach the calculator episode's call format (a+b=[a+b]{c}c) instead "
-                      "of direct answers (the calculator episode's warm-start)", False)
-
-    extra_ops: str = doc("tiny model: operators the warm-start also teaches with one short operand "
-                         "(warmup.extra_digits; the other of up to warmup.digits), a quarter of each batch", "")
-    extra_digits: int = doc("tiny model: max digits of the short operand of those (1: products by one digit, "
-                            "12345*6 and 6*12345)", 1)
-    extra_calls: float = doc("tiny model: the fraction of those taught in the calculator's call format (with "
-                             "warmup.calls; the rest answered directly)", 0.0)
-
-    def __post_init__(self) -> None:
-        check(not set(self.ops) - set("+-*%"), "warmup.ops", f"must use only '+-*%', got '{self.ops}'")
-        check(not set(self.extra_ops) - set("+-*%"), "warmup.extra_ops", f"must use only '+-*%', got "
-              f"'{self.extra_ops}'")
-        check(0 <= self.extra_calls <= 1, "warmup.extra_calls", f"must be in 0..1, got {self.extra_calls}")
-        check(1 <= self.extra_digits <= 6, "warmup.extra_digits", f"must be in 1..6, got {self.extra_digits}")
-        check(0 <= self.digits <= 6, "warmup.digits", f"must be in 0..6, got {self.digits}")
-        check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
-              f"must be in (0, 1), got {self.target_pass_rate}")
+        check(self.samples >= 0, "eval.samples", f"must be >= 0 (0 = greedy only), got {self.samples}")
+        check(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
 
 
 @dataclass

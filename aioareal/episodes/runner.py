@@ -5,8 +5,9 @@ instantiated once with no arguments whose instances are such callables), named b
 like reward functions (`data.episode=path/to/env.py:my_episode`). It returns its reward, or None
 for the task's verdict on its last model turn. Whatever an episode does wrong is counted
 (`episode_errors`) and scores 0, and the run goes on: it raises, runs past `timeout_s`, returns
-something that is not a finite number, or ends without a single model turn (that sample is then
-given one one-token turn, so that its record holds a model token like every other).
+something that is not a finite number, holds the event loop too long between two awaits (`steps.py`),
+or ends without a single model turn (that sample is then given one one-token turn, so that its
+record holds a model token like every other).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..errors import UserError
 from ..samples import MODEL, Group
 from ..tasks.imports import resolve_spec
 from .handle import EpisodeContext, EpisodeGen
+from .steps import MAX_STEP_S, timed_steps
 
 Episode = Callable[[Any, EpisodeGen], Awaitable[float | None]]
 
@@ -38,8 +40,9 @@ class EpisodeStats:
 
 class EpisodeRunner:
     def __init__(self, episode: Episode, ctx: EpisodeContext, timeout_s: float = 300.0, name: str = "episode",
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, max_step_s: float = MAX_STEP_S) -> None:
         self.episode, self.ctx, self.timeout_s, self.name = episode, ctx, timeout_s, name
+        self.max_step_s = max_step_s  # longest it may hold the event loop between two awaits (steps.py)
         self.stats = EpisodeStats()
         self.log = log or (lambda line: print(line, file=sys.stderr))
         self._reported = False  # the first failure's traceback is shown; later ones only counted
@@ -58,7 +61,7 @@ class EpisodeRunner:
         try:
             value = await asyncio.wait_for(self._reward(gen), self.timeout_s)
             failed = gen.score_failures
-        except asyncio.TimeoutError:
+        except TimeoutError:
             value, failed = self._failed(gen, f"ran past its timeout of {self.timeout_s}s"), 1
         except _OwnTimeout as e:
             value, failed = self._failed(gen, f"raised {e}", e.__cause__), 1
@@ -74,8 +77,8 @@ class EpisodeRunner:
 
     async def _reward(self, gen: EpisodeGen) -> float:
         try:
-            value = await self.episode(gen.example, gen)
-        except asyncio.TimeoutError as e:  # the episode's own (its wait_for): not the runner's timeout
+            value = await timed_steps(self.episode(gen.example, gen), self.max_step_s)
+        except TimeoutError as e:  # the episode's own (its wait_for): not the runner's timeout
             raise _OwnTimeout(f"{type(e).__name__}: {e}") from e
         if value is None:  # the task's verdict on the last model turn
             last = next((t for t in reversed(gen.completion.turns) if t.role == MODEL), None)

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 from ..samples import Group
 from ..timing import PhaseTimer
 from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
-from .forward import FastForward
+from .family_forward import build_forward
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
@@ -67,7 +67,7 @@ class Engine:
         self.max_len = max_len
         self.recompute_kv = recompute_kv
         self.overlap = resolve_overlap(overlap, self.device)
-        self.fwd = FastForward(model, max_len, fuse=fuse, compiled=compile)
+        self.fwd = build_forward(model, max_len, fuse=fuse, compiled=compile)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
@@ -92,7 +92,7 @@ class Engine:
         # are restored after the capture's warm-up run.
         state = [self.next_token, self.position, self.live, self.limits.remaining]
         self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
-        self.shared_prefix = shared_prefix and not graphs and not compile
+        self.shared_prefix = shared_prefix and not graphs and not compile and self.fwd.shares_prefix
         self.layout: PrefixLayout | None = None  # the last shared-prefix layout, reused while unchanged
         if self.stream is not None:
             # The cache, the state tensors and maybe the model were just written on the caller's

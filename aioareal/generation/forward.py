@@ -7,8 +7,10 @@ that the HF parameters are re-pointed into (fusion.py), so that holds for them t
 preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill writes a whole prompt,
 decode writes one token per slot and attends over a length bucket.
 
-Supported: architectures with `model.layers[i].self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`,
-RMSNorm and default RoPE (Qwen2, Qwen2.5, Llama, Mistral without sliding window; Qwen3's q/k norms).
+This is the plain Llama/Qwen layer: `self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, SiLU,
+RMSNorm before attention and MLP, RoPE in every layer (any variant: rotary.py), no sliding window
+(Qwen2, Qwen2.5, Llama 2/3.x, Mistral without a window; Qwen3's q/k norms). Other families run in
+family_forward.py; families.py says which the engine implements.
 """
 from __future__ import annotations
 
@@ -17,12 +19,21 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..errors import UserError
+from .families import unsupported_reason
 from .fusion import FusedLinear, fuse
 from .packed import PackedLinears, packing_pays
 from .prefix import PrefixLayout, shared_prefix_attention
+from .rotary import rotary_tables
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
+
+
+def check_supported(config, max_len: int) -> None:
+    """Refuse, in one line, a model the engine does not implement exactly (families.py)."""
+    reason = unsupported_reason(config, max_len)
+    if reason is not None:
+        raise UserError(f"model: {reason}")
 
 
 class KVCache:
@@ -42,7 +53,10 @@ class KVCache:
 class FastForward:
     """Prefill and decode over a static KV cache, reusing the HF model's parameters in place."""
 
+    shares_prefix = True  # decode can read each group's prompt keys once (prefix.py)
+
     def __init__(self, model: PreTrainedModel, max_len: int, fuse: bool = True, compiled: bool = False) -> None:
+        check_supported(model.config, max_len)
         self.model = model
         base = model.model
         self.layers = list(base.layers)
@@ -52,15 +66,10 @@ class FastForward:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.eps = getattr(config, "rms_norm_eps", 1e-6)
-        self._check_supported(config)
-        rotary = base.rotary_emb
-        positions = torch.arange(max_len, device=rotary.inv_freq.device, dtype=torch.float32)
-        freqs = torch.outer(positions, rotary.inv_freq.float())  # (max_len, head_dim/2)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        scale = float(getattr(rotary, "attention_scaling", 1.0))
-        dtype = model.get_input_embeddings().weight.dtype
-        self.cos = (emb.cos() * scale).to(dtype)  # (max_len, head_dim)
-        self.sin = (emb.sin() * scale).to(dtype)
+        # The model's own rotary module makes the tables, so every RoPE variant it implements
+        # (llama3, yarn, linear, ...) is the engine's too (rotary.py).
+        self.tables = rotary_tables(model, max_len)
+        self.cos, self.sin = next(iter(self.tables.values()))  # (max_len, head_dim) each
         self.max_len = max_len
         self._fuse_projections(fuse)
         # Weights packed once per version for the CPU's matmul units (packed.py); F.linear elsewhere.
@@ -82,16 +91,6 @@ class FastForward:
     def fused(self) -> bool:
         """Whether every layer runs both fused projections."""
         return all(f is not None for f in self.qkv + self.gate_up)
-
-    @staticmethod
-    def _check_supported(config) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise UserError("model: sliding-window attention is not supported by the engine; "
-                            "set use_sliding_window=false in the model config")
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if kind not in ("default", None):
-            raise UserError(f"model: RoPE type '{kind}' is not supported by the engine (only default RoPE)")
 
     def new_cache(self, slots: int, dtype: torch.dtype | None = None) -> KVCache:
         weight = self.model.get_input_embeddings().weight

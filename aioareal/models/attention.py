@@ -56,8 +56,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (True attends) or additive -> (b, q, H, D), as transformers' attention functions return."""
     if kwargs.get("cu_seq_lens_q") is not None:  # one packed row: attend within each sequence
         return packed_attention(query, key, value, kwargs["cu_seq_lens_q"], kwargs["max_length_q"], scaling), None
+    if kwargs.get("softcap") is not None:  # Gemma 2's capped scores, which transformers' SDPA path refuses
+        return short_attention(query, key, value, attention_mask, scaling, kwargs["softcap"]), None
     if (query.device.type != "cpu" or key.shape[2] > short_keys(compute_dtype(query)) or dropout
-            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None
             or (is_causal is False and attention_mask is None)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -65,14 +67,18 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
-    """Causal (or masked) attention as matmuls; the H query heads are grouped by their Hkv key head."""
+                    attention_mask: torch.Tensor | None, scaling: float | None,
+                    softcap: float | None = None) -> torch.Tensor:
+    """Causal (or masked) attention as matmuls; the H query heads are grouped by their Hkv key head.
+    `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2)."""
     b, heads, q_len, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     group = heads // kv_heads
     scale = scaling if scaling is not None else dim ** -0.5
     q = (query * scale).reshape(b, kv_heads, group * q_len, dim)
     scores = torch.matmul(q, key.transpose(-1, -2)).view(b, kv_heads, group, q_len, kv_len)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is None:
         # As transformers' SDPA path reads a missing mask: one query attends to every key; several
         # are causal from the first key (the keys past them are a static cache's empty slots).

@@ -1,10 +1,11 @@
-"""`python -m aioareal samples RUN [--step N] [--best|--worst] [-n K]`: what the model wrote.
+"""`python -m aioareal samples RUN [--eval] [--step N | --last] [--best|--worst] [-n K]`: what the model wrote.
 
-Reads a run's samples.jsonl as data (one JSON object a line, never evaluated) and prints the chosen
-samples: step, reward, advantage, staleness, prompt id, then the prompt (where the row kept it) and
-the completion's text. Without --best/--worst it prints the latest K in file order; --best and
---worst sort by reward (ties by step, then file order). Text is printed with control characters
-escaped: a model can write terminal escape sequences.
+Reads a run's samples.jsonl (or with --eval its eval_samples.jsonl: the held-out completions of each
+evaluation) as data (one JSON object a line, never evaluated) and prints the chosen samples: step,
+reward, advantage, staleness, prompt id, then the prompt (where the row kept it) and the
+completion's text. Without --best/--worst it prints the latest K in file order; --best and --worst
+sort by reward (ties: the later step first, then file order). --last keeps the last step's rows.
+Text is printed with control characters escaped: a model can write terminal escape sequences.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..errors import DataError, UserError, guarded, reading, terminal_safe
 from ..io import jsonl_lines, parse_row
-from .metrics import SAMPLES_FILE
+from .metrics import EVAL_SAMPLES_FILE, SAMPLES_FILE
 
 NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
 NUMBERS = ("step", "reward")  # fields every row must hold, as numbers, to be selected and sorted
@@ -26,25 +27,29 @@ def parser() -> argparse.ArgumentParser:
                                 description="Print what the model wrote: completions from a run's samples.jsonl, "
                                             "the latest K in file order unless --best or --worst sorts them.")
     p.add_argument("run", metavar="RUN", help="a run directory (holds samples.jsonl)")
-    p.add_argument("--step", type=int, help="only the samples trained at this step")
+    p.add_argument("--eval", action="store_true", help=f"the held-out evaluations' completions ({EVAL_SAMPLES_FILE})")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="only the samples trained (or evaluated) at this step")
+    which.add_argument("--last", action="store_true", help="only the last step's samples")
     order = p.add_mutually_exclusive_group()
-    order.add_argument("--best", action="store_true", help="highest reward first (ties: earlier step first)")
-    order.add_argument("--worst", action="store_true", help="lowest reward first (ties: earlier step first)")
+    order.add_argument("--best", action="store_true", help="highest reward first (ties: later step first)")
+    order.add_argument("--worst", action="store_true", help="lowest reward first (ties: later step first)")
     p.add_argument("-n", type=int, default=10, metavar="K", help="how many to print (default 10; 0 = all)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     return p
 
 
-def read_samples(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `run_dir`/samples.jsonl; a missing directory or file, or a malformed line, is an
-    error naming it (file and line number)."""
+def read_samples(run_dir: str | Path, name: str = SAMPLES_FILE) -> list[dict[str, Any]]:
+    """The rows of `run_dir`/`name` (samples.jsonl or eval_samples.jsonl); a missing directory or
+    file, or a malformed line, is an error naming it (file and line number)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: no such run directory")
-    path = run_dir / SAMPLES_FILE
+    path = run_dir / name
     if not path.is_file():
-        raise UserError(f"{run_dir}: no {SAMPLES_FILE} (a run writes it from its first training step on)")
-    with reading(path, "samples.jsonl rows"):
+        when = "at each evaluation" if name == EVAL_SAMPLES_FILE else "from its first training step on"
+        raise UserError(f"{run_dir}: no {name} (a run writes it {when})")
+    with reading(path, f"{name} rows"):
         return [_row(line, path, lineno) for lineno, line in jsonl_lines(path)]
 
 
@@ -63,12 +68,12 @@ def _row(line: str | None, path: Path, lineno: int) -> dict[str, Any]:
 def select(rows: list[dict[str, Any]], step: int | None = None, order: str | None = None,
            n: int = 10) -> list[dict[str, Any]]:
     """The rows to print: those of `step` (all if None), sorted by reward for order "best" or
-    "worst" (ties by step, then file order) and the first `n` of them, or the last `n` in file order
-    without an order; n = 0 keeps all."""
+    "worst" (ties: the later step first, the policy as trained furthest, then file order) and the
+    first `n` of them, or the last `n` in file order without an order; n = 0 keeps all."""
     chosen = [r for r in rows if step is None or r["step"] == step]
     if order is not None:
         sign = -1 if order == "best" else 1
-        chosen = sorted(chosen, key=lambda r: (sign * r["reward"], r["step"]))  # stable: file order last
+        chosen = sorted(chosen, key=lambda r: (sign * r["reward"], -r["step"]))  # stable: file order last
         return chosen[:n] if n else chosen
     return chosen[-n:] if n else chosen
 
@@ -84,8 +89,15 @@ def _num(value: Any, spec: str) -> str:
 
 def format_sample(row: dict[str, Any]) -> str:
     """A header line with the numbers, then the prompt (where kept) and the text, indented."""
-    head = (f"step {row['step']} · reward {_num(row['reward'], '.3f')} · advantage {_num(row.get('advantage'), '+.3f')}"
-            f" · staleness {row.get('staleness', '-')} · prompt {row.get('prompt_id') or '-'}")
+    if "greedy" in row:  # a held-out completion (eval_samples.jsonl)
+        kind = "greedy" if row["greedy"] else f"sample {row.get('sample', '-')}"
+        head = (f"step {row['step']} · eval {kind} · reward {_num(row['reward'], '.3f')}"
+                f" · length {row.get('length', '-')}{' (cut off)' if row.get('truncated') else ''}"
+                f" · prompt {row.get('prompt_id') or '-'}")
+    else:
+        head = (f"step {row['step']} · reward {_num(row['reward'], '.3f')} · advantage "
+                f"{_num(row.get('advantage'), '+.3f')} · staleness {row.get('staleness', '-')} · prompt "
+                f"{row.get('prompt_id') or '-'}")
     head = terminal_safe(head, keep_newlines=False)  # every field is data from the file
     lines = [head]
     if row.get("prompt"):
@@ -103,10 +115,12 @@ def main(argv: list[str]) -> int:
         if args.n < 0:
             raise UserError(f"-n must be >= 0 (0 = all), got {args.n}")
         order = "best" if args.best else "worst" if args.worst else None
-        rows = read_samples(args.run)
+        name = EVAL_SAMPLES_FILE if args.eval else SAMPLES_FILE
+        rows = read_samples(args.run, name)
         if not rows:
-            raise UserError(f"{args.run}: {SAMPLES_FILE} holds no samples yet")
-        chosen = select(rows, args.step, order, args.n)
+            raise UserError(f"{args.run}: {name} holds no samples yet")
+        step = max(r["step"] for r in rows) if args.last else args.step
+        chosen = select(rows, step, order, args.n)
         if not chosen:
             raise UserError(f"{args.run}: no samples trained at step {args.step} (steps {rows[0]['step']} to "
                             f"{rows[-1]['step']})")

@@ -1,6 +1,7 @@
-"""Run outputs: metrics.jsonl (one row per training step) and samples.jsonl (one row per trained
-sample). Rows are appended in single writes and flushed; a resumed run first drops a torn last
-line and any rows past its checkpoint, so no step is ever logged twice."""
+"""Run outputs: metrics.jsonl (one row per training step), samples.jsonl (one row per trained
+sample) and eval_samples.jsonl (one row per held-out completion per evaluation). Rows are appended
+in single writes and flushed; a resumed run first drops a torn last line and any rows past its
+checkpoint, so no step is ever logged twice."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ from typing import Any
 
 from ..io import append_jsonl, repair_jsonl
 
-METRICS_FILE, SAMPLES_FILE = "metrics.jsonl", "samples.jsonl"
+METRICS_FILE, SAMPLES_FILE, EVAL_SAMPLES_FILE = "metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"
 
 
 def clean(row: dict[str, Any]) -> dict[str, Any]:
@@ -29,15 +30,18 @@ class RunLog:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path, self.samples_path = self.dir / METRICS_FILE, self.dir / SAMPLES_FILE
+        self.eval_samples_path = self.dir / EVAL_SAMPLES_FILE
+        paths = (self.metrics_path, self.samples_path, self.eval_samples_path)
         if resume_step is not None:
             keep = lambda row: _step(row) <= resume_step  # noqa: E731
-            repair_jsonl(self.metrics_path, keep)
-            repair_jsonl(self.samples_path, keep)
+            for path in paths:
+                repair_jsonl(path, keep)
         else:
-            for path in (self.metrics_path, self.samples_path):
+            for path in paths:
                 path.unlink(missing_ok=True)
         self._metrics = self.metrics_path.open("a", encoding="utf-8")
         self._samples = self.samples_path.open("a", encoding="utf-8")
+        self._eval_samples = self.eval_samples_path.open("a", encoding="utf-8")
 
     def step(self, row: dict[str, Any]) -> None:
         append_jsonl(self._metrics, [clean(row)])
@@ -45,6 +49,11 @@ class RunLog:
     def samples(self, rows: list[dict[str, Any]]) -> None:
         append_jsonl(self._samples, [clean(r) for r in rows])
 
+    def eval_samples(self, rows: list[dict[str, Any]], step: int) -> None:
+        """One evaluation's completions, each under the step it evaluated (one write)."""
+        append_jsonl(self._eval_samples, [clean({"step": step, **r}) for r in rows])
+
     def close(self) -> None:
         self._metrics.close()
         self._samples.close()
+        self._eval_samples.close()

@@ -1,22 +1,20 @@
 """Worker processes for verifier work that may never end, killed and replaced when it overruns.
 
-Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating
-`9^{9^{9}}`) stalls every thread of the process, the event loop included. A process can be killed.
-So work that may run unbounded is handed over as a `Deferred` ('module:function' plus arguments)
-and runs in a worker; the cheap numeric checks stay in-process.
+Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating `9^{9^{9}}`) stalls
+every thread of the process, the event loop included. A process can be killed. So work that may run unbounded
+is handed over as a `Deferred` ('module:function' plus arguments) and runs in a worker; cheap checks stay here.
 
 Design, and what it costs:
-- Workers are spawned (`spawn.py`) and reused across jobs; they import only the standard
-  library, `preload`, and what their jobs name.
+- Workers are spawned (`spawn.py`) and reused; they import only the standard library, `preload`, what jobs name.
 - One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their pipes
   and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On expiry it
   kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement, whose start-up
   (about half a second with sympy) is charged to no job. (`ProcessPoolExecutor` cannot do this:
   killing one of its workers breaks the whole executor.)
-- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has
-  started or not (the reward service gives all jobs of one call the call's deadline).
-- Workers end with the parent: `close` (also run at interpreter exit) kills them, and a worker whose
-  parent vanished sees its pipe close and exits.
+- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has started or
+  not (the reward service gives all jobs of one call the call's deadline). One that ran out of memory under
+  the workers' limit (`worker.limit_memory`) is an error, and its worker is replaced too.
+- Workers end with the parent (`close`, also run at exit, kills them; an orphan sees its pipe close).
 """
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .spawn import CONTEXT, start_worker
+from .spawn import CONTEXT, DEFAULT_MEMORY_MB, start_worker
 from .worker import Deferred, Outcome, serve
 
 __all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
@@ -63,8 +61,8 @@ class _Worker:
 class WorkerPool:
     """`size` spawned worker processes; thread-safe; nothing starts until `start` or the first job."""
 
-    def __init__(self, size: int, preload: tuple[str, ...] = ()) -> None:
-        self.size, self.preload, self.pid = size, tuple(preload), os.getpid()
+    def __init__(self, size: int, preload: tuple[str, ...] = (), memory_limit_mb: int = DEFAULT_MEMORY_MB) -> None:
+        self.size, self.preload, self.pid, self.memory_limit_mb = size, tuple(preload), os.getpid(), memory_limit_mb
         self.restarts = 0  # workers killed (timeout) or lost (crash) and replaced
         self._lock = threading.Lock()
         self._queue: deque[_Job] = deque()
@@ -223,6 +221,9 @@ class WorkerPool:
         elif worker.job is not None:
             job, worker.job = worker.job, None
             _resolve(job, Outcome("ok", value) if status == "ok" else Outcome("error", message=value))
+            if status == "error" and value.startswith("MemoryError"):  # ran out under its limit: a fresh one
+                self._stop(worker, "")
+                self.restarts, self._workers[index] = self.restarts + 1, self._spawn()
 
     def _lost(self, index: int, worker: _Worker) -> None:
         """A worker died on its own (crash, out of memory, killed from outside): replace it."""
@@ -254,7 +255,7 @@ class WorkerPool:
             _resolve(self._queue.popleft(), Outcome("error", message=message))
 
     def _spawn(self) -> _Worker:
-        return _Worker(*start_worker(self.preload))
+        return _Worker(*start_worker(self.preload, self.memory_limit_mb))
 
     def _wake(self) -> None:
         """Interrupt the dispatcher's wait. At most one wake-up is ever in the pipe: a full pipe
@@ -279,14 +280,16 @@ _shared: WorkerPool | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_pool(size: int = 2, preload: tuple[str, ...] = ()) -> WorkerPool:
-    """The process-wide pool, grown to the largest `size` and every `preload` asked for."""
+def shared_pool(size: int = 2, preload: tuple[str, ...] = (), memory_limit_mb: int | None = None) -> WorkerPool:
+    """The process-wide pool, grown to the largest `size` and every `preload`; new workers capped at the limit."""
     global _shared
     with _shared_lock:
         if _shared is None or _shared._closed or _shared.pid != os.getpid():  # a forked child starts its own
             _shared = WorkerPool(size, preload)
         else:
             _shared.start(preload, size, spawn=False)
+        if memory_limit_mb is not None:
+            _shared.memory_limit_mb = memory_limit_mb
         return _shared
 
 

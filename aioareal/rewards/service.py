@@ -32,10 +32,7 @@ from typing import Any, Protocol
 
 from ..errors import UserError
 from .pool import Deferred, Outcome, WorkerPool, shared_pool
-from .threads import DaemonThreads
-
-MAX_HUNG = 64  # stage-1 threads still running after their timeout, beyond which the run stops
-GRACE_S = 2.0  # how long past the deadline to wait for the pool to report a kill (it never should)
+from .threads import GRACE_S, MAX_HUNG, DaemonThreads
 
 # completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
 BatchScorer = Callable[[list[str], list[Any]], Any]
@@ -66,8 +63,9 @@ class RewardStats:
 
 class RewardService:
     def __init__(self, scorer: BatchScorer, decode: Callable[[list[int]], str], workers: int = 4,
-                 timeout_s: float = 10.0, pool: WorkerPool | None = None) -> None:
+                 timeout_s: float = 10.0, pool: WorkerPool | None = None, memory_limit_mb: int | None = None) -> None:
         self.scorer, self.decode, self.timeout_s, self.workers = scorer, decode, timeout_s, workers
+        self.memory_limit_mb = memory_limit_mb  # the shared pool's workers' cap (None: the pool's default)
         self.stats = RewardStats()
         self._pool = pool  # None: the process-wide pool, grown to `workers`, on the first Deferred
         self._lock = threading.Lock()
@@ -82,7 +80,7 @@ class RewardService:
     @property
     def pool(self) -> WorkerPool:
         if self._pool is None:
-            self._pool = shared_pool(self.workers)
+            self._pool = shared_pool(self.workers, memory_limit_mb=self.memory_limit_mb)
         return self._pool
 
     async def score_group(self, group: Scoreable) -> tuple[list[float], int]:
@@ -148,7 +146,7 @@ class RewardService:
         running = self._threads.submit(work)
         try:
             return await asyncio.wait_for(result, self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with self._lock:
                 self._abandoned = [f for f in self._abandoned if not f.done()] + [running]
                 self.stats.hung = len(self._abandoned)
@@ -205,7 +203,7 @@ class RewardService:
         future = self.pool.submit(job.fn, job.args, deadline=deadline)
         try:  # the pool resolves every job by its deadline; the grace only guards against a pool bug
             return await asyncio.wait_for(asyncio.wrap_future(future), deadline - time.monotonic() + GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Outcome("timeout", message="the worker pool did not answer")
 
     # --- counting ----------------------------------------------------------------------------------

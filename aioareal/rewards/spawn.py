@@ -21,13 +21,16 @@ from typing import Any
 from .worker import serve
 
 CONTEXT = multiprocessing.get_context("spawn")
+DEFAULT_MEMORY_MB = 4096  # reward.memory_limit_mb's default, also for pools made outside a run
 _without_main = threading.local()
 
 
-def start_worker(preload: tuple[str, ...]) -> tuple[Any, Connection]:
-    """A started worker process (daemonic: multiprocessing ends it at exit) and our end of its pipe."""
+def start_worker(preload: tuple[str, ...], memory_limit_mb: int = 0) -> tuple[Any, Connection]:
+    """A started worker process (daemonic: multiprocessing ends it at exit) and our end of its pipe;
+    `memory_limit_mb` caps its address space (0 = no cap; `worker.limit_memory`)."""
     parent, child = CONTEXT.Pipe()
-    process = CONTEXT.Process(target=serve, args=(child, preload), name="aioareal-reward", daemon=True)
+    process = CONTEXT.Process(target=serve, args=(child, preload, memory_limit_mb), name="aioareal-reward",
+                              daemon=True)
     _install()
     _without_main.on = True
     try:

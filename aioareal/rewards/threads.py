@@ -7,6 +7,10 @@ its timeout cannot be stopped: its thread is written off (it keeps running; the 
 hung) and work that arrives meanwhile gets a new thread, so hung calls never starve later ones.
 Daemon threads rather than a ThreadPoolExecutor: an executor's threads are joined at interpreter
 exit, so one verifier that never returns would hang shutdown.
+
+`BoundedThreads` is the capped kind, for user code called where nothing else bounds the threads
+(plain tools; reward functions called outside the service, `guarded.py`): at most `limit` threads,
+and once all of them are stuck in calls past their timeout, further calls fail at once.
 """
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
+
+MAX_HUNG = 64  # stage-1 threads still running after their timeout, beyond which the run stops
+GRACE_S = 2.0  # how long past the deadline to wait for the pool to report a kill (it never should)
 
 
 class DaemonThreads:
@@ -46,3 +53,72 @@ class DaemonThreads:
                     future.set_exception(e)
             with self._lock:
                 self._idle += 1
+
+
+class Saturated(RuntimeError):
+    """Every thread of a `BoundedThreads` is still running a call its caller gave up on."""
+
+
+class BoundedThreads:
+    """At most `limit` daemon threads, reused; work beyond them waits in a queue for a free one.
+
+    For user code that may never return (plain tools; reward functions called outside the event loop,
+    `guarded.py`). A caller that stops waiting `abandon`s its call: a queued call is cancelled, a running
+    one keeps its thread until it returns (Python cannot stop it). When every thread is held by such
+    calls, `submit` raises `Saturated` at once: the caller counts a failure instead of starting thread
+    after thread for code that hangs (docs/reliability.md, user code).
+    """
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit, self.name = max(1, limit), name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = self._waiting = self._busy = 0
+        self._stuck: set[Future] = set()  # abandoned calls still running
+
+    @property
+    def stuck(self) -> int:
+        with self._lock:
+            self._stuck = {f for f in self._stuck if not f.done()}
+            return len(self._stuck)
+
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Future of fn()'s result (or exception); raises Saturated when every thread is stuck."""
+        if self.stuck >= self.limit:
+            raise Saturated(f"all {self.limit} {self.name} threads are still running calls that overran their "
+                            f"timeout")
+        future: Future = Future()
+        with self._lock:
+            grow = self._threads < self.limit and self._waiting + self._busy >= self._threads
+            self._threads += grow
+            self._waiting += 1
+        self._jobs.put((fn, future))
+        if grow:
+            threading.Thread(target=self._serve, name=self.name, daemon=True).start()
+        return future
+
+    def abandon(self, future: Future) -> None:
+        """The caller stopped waiting: cancel the call if it has not started, else count it as stuck."""
+        if not future.cancel() and not future.done():
+            with self._lock:
+                self._stuck.add(future)
+
+    def _serve(self) -> None:
+        while True:
+            fn, future = self._jobs.get()
+            with self._lock:
+                self._waiting -= 1
+                self._busy += 1
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as e:  # the caller reads it from the future; the thread lives on
+                        future.set_exception(e)
+            finally:
+                with self._lock:
+                    self._busy -= 1

@@ -8,6 +8,10 @@ Protocol, one message each way per job: the parent sends `(fn, args)` (a `Deferr
 answers `("ok", value)` or `("error", "TypeName: first line of the message")`, and the pool turns
 that (or a kill) into an `Outcome`. Before its first job a worker announces `("ready", None)`, so
 the parent can tell a slow start from a slow job. Both types live here: they are the protocol.
+
+A worker may run under a memory limit (`reward.memory_limit_mb`: RLIMIT_AS, set before anything is
+imported): a job that allocates past it fails with MemoryError, reported as its error, and the pool
+then replaces this worker with a fresh one rather than reuse a process that ran out.
 """
 from __future__ import annotations
 
@@ -57,10 +61,26 @@ def warm(module: str) -> None:
     importlib.import_module(module)
 
 
-def serve(conn: Connection, preload: tuple[str, ...]) -> None:
+def limit_memory(megabytes: int) -> None:
+    """Cap this process's address space (RLIMIT_AS) at `megabytes`; 0 (or a platform without it) = no cap."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no limit to set
+        return
+    if megabytes <= 0:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = megabytes * 1024 * 1024
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def serve(conn: Connection, preload: tuple[str, ...], memory_limit_mb: int = 0) -> None:
     """Answer jobs until the parent closes its end of the pipe (or kills this process)."""
     # Ctrl-C in a terminal signals the whole process group: the parent decides when workers end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    limit_memory(memory_limit_mb)
     for module in preload:
         importlib.import_module(module)
     conn.send(("ready", None))
@@ -80,6 +100,8 @@ def _call(fn: str, args: tuple[Any, ...]) -> tuple[str, Any]:
     try:
         value = resolve(fn)(*args)
         return ("ok", value)
+    except MemoryError:
+        return ("error", "MemoryError: the job ran past the worker's memory limit (reward.memory_limit_mb)")
     except BaseException as e:  # the job failed, not the worker: report it and take the next one
         lines = str(e).strip().splitlines()
         return ("error", f"{type(e).__name__}: {lines[0] if lines else ''}"[:500])

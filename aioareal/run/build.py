@@ -4,6 +4,7 @@ the trainer and the workers the same way."""
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,8 @@ from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
-from ..generation import Engine, SamplingParams
+from ..generation import SamplingParams
+from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..generation.fused_sampling import fused_sampler_enabled
 from ..models import load_model, lora, resolve_dtype
 from ..orchestrator import EngineWorker, TrainerWorker
@@ -27,7 +29,7 @@ from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import TokenLogprobs
 from ..weightsync.full import WeightSync
 from ..weightsync.lora import LoraSync
-from .evaluation import EvalSet, evaluate
+from .evaluation import EvalSet, KeptCompletions, evaluate
 
 Log = Callable[[str], None]
 
@@ -180,19 +182,36 @@ def engine_context(config: Config, model: PreTrainedModel, prompts: Prompts) -> 
 
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
                  compile: bool | None = None, timed: bool = True, seed: int | None = None,
-                 fuse: bool = True) -> Engine:
+                 fuse: bool = True, log: Log | None = None, backend: str | None = None) -> Backend:
     """The generation engine; `timed` records its phases for the metrics (a benchmark of the
     engine alone turns that off: on CUDA it costs two events per phase per step); `seed`: the
     sampling seed (default run.seed; each torchrun rank has its own); `fuse`: fused q/k/v and
-    gate/up projections (generation/fusion.py; `model` must be the generator's own copy)."""
+    gate/up projections (generation/fusion.py; `model` must be the generator's own copy).
+    `backend` (default generation.backend) picks the engine or the HF fallback (generation/
+    backends.py); `log` hears, once, that a model runs on the fallback."""
     g, a = config.generation, config.algo
-    return Engine(model, eos, num_slots=g.num_slots or a.batch_groups * a.group_size, max_len=max_len,
-                  params=SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
-                  seed=config.run.seed if seed is None else seed,
-                  cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
-                  compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
-                  overlap=g.overlap, shared_prefix=g.shared_prefix,
-                  fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
+    backend = backend or g.backend
+    kind, reason = choose(model, backend)
+    if kind == "hf" and log is not None:
+        log(fallback_line(model, reason or ""))
+    return make_engine(model, eos, g.num_slots or a.batch_groups * a.group_size, max_len,
+                       SamplingParams(g.temperature, g.top_p, g.max_new_tokens), backend,
+                       seed=config.run.seed if seed is None else seed,
+                       cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
+                       compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
+                       overlap=g.overlap, shared_prefix=g.shared_prefix,
+                       fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
+
+
+def check_engine(config: Config, engine: Backend, model: PreTrainedModel, eos: list[int], max_len: int,
+                 prompt_ids: list[int], seed: int | None, log: Log) -> Backend:
+    """The start-up check (generation/backends.py) on the real weights, with a short prompt: the
+    backend to train with, or a one-line refusal. Under `auto` an engine that fails it gives way to
+    the fallback, and generation.backend becomes `hf` for the evaluators built after it."""
+    def fallback() -> Backend:
+        config.generation.backend = "hf"
+        return build_engine(config, model, eos, max_len, seed=seed, backend="hf")
+    return checked(engine, model, prompt_ids[:16], config.generation.backend, fallback, log)
 
 
 # (the trainer's policy module, its model, the compute dtype) -> the collective its sums use. One
@@ -211,12 +230,17 @@ def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = ke
     collective = shard(policy, models.train, models.compute_dtype)
     if config.train.compile:  # after sharding: FSDP2's hooks stay eager around each compiled layer
         compile_layers(models.train)
-    return Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
-                   autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
-                   loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
+    trainer = Trainer(models.train, config.algo, config.train, pad_id, ref_model=models.ref,
+                      autocast_dtype=models.compute_dtype, temperature=config.generation.temperature,
+                      loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
+    fp32 = models.gen.get_input_embeddings().weight.dtype == torch.float32 and trainer.autocast_dtype is None
+    # A kept stale KV cache (generation.recompute_kv=false) is a gap the user chose: no default bound then.
+    default = (0.05 if fp32 else 1.0) if config.generation.recompute_kv else math.inf
+    trainer.max_logprob_gap = config.train.max_logprob_gap or default
+    return trainer
 
 
-def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
+def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
                   evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
     them after a resume restored the trainer: they start at its version."""
@@ -227,15 +251,29 @@ def build_workers(engine: Engine, trainer: Trainer, gen_model: PreTrainedModel,
 
 
 def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,
-                    decode: Callable[[list[int]], str], eos: list[int]) -> Callable[[], dict[str, float]]:
-    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread)."""
-    max_new_tokens = config.eval.max_new_tokens or config.generation.max_new_tokens
+                    decode: Callable[[list[int]], str], eos: list[int],
+                    keep: KeptCompletions | None = None) -> Callable[[], dict[str, float]]:
+    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread), and pass@k
+    with eval.samples; `keep` receives the completions for eval_samples.jsonl."""
+    e = config.eval
+    max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
 
     def run_eval() -> dict[str, float]:
-        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens)
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length}
+        failed_before = getattr(task, "failures", 0)  # reward functions' failures (tasks/reward_functions.py)
+        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens, e.samples, e.temperature,
+                          config.run.seed, backend=config.generation.backend)
+        if keep is not None:
+            keep.put(result.rows)
+        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures,
+                **eval_failures(task, failed_before)}
     return run_eval
 
 
+def eval_failures(task: Task, before: int) -> dict[str, float]:
+    """`eval_reward_failures`: the held-out completions whose reward functions failed in this evaluation."""
+    return {"eval_reward_failures": task.failures - before} if hasattr(task, "failures") else {}
+
+
 def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:
-    return RewardService(build_scorer(config, task), decode, config.reward.workers, config.reward.timeout_s)
+    r = config.reward
+    return RewardService(build_scorer(config, task), decode, r.workers, r.timeout_s, memory_limit_mb=r.memory_limit_mb)

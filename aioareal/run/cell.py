@@ -26,7 +26,7 @@ from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
 from .build import build_evaluator
-from .evaluation import EvalSet
+from .evaluation import EvalSet, KeptCompletions
 from .events import Stoppable
 from .hooks import SaveCheckpoint, checkpoint_saver
 
@@ -48,7 +48,8 @@ class Cell(Protocol):
     def engine_seed(self, config: Config) -> int: ...
     def shard(self, policy: nn.Module, model: nn.Module, compute_dtype: torch.dtype) -> Collective: ...
     def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
-                  decode: Callable[[list[int]], str], eos: list[int]) -> Evaluator: ...
+                  decode: Callable[[list[int]], str], eos: list[int],
+                  keep: KeptCompletions | None = None) -> Evaluator: ...
     def restore(self, path: Path, trainer: Any, engine: Any, config: Config) -> RunState: ...
     def run_log(self, run_dir: Path, resume_step: int | None) -> Any: ...
     def trackers(self, config: Config, run_dir: Path) -> TrackerFeed: ...
@@ -84,8 +85,9 @@ class LocalCell:
         return LOCAL  # the trainer holds the whole model; its sums are its own
 
     def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
-                  decode: Callable[[list[int]], str], eos: list[int]) -> Evaluator:
-        return build_evaluator(config, trainer.model, eval_set, task, decode, eos)
+                  decode: Callable[[list[int]], str], eos: list[int],
+                  keep: KeptCompletions | None = None) -> Evaluator:
+        return build_evaluator(config, trainer.model, eval_set, task, decode, eos, keep)
 
     def restore(self, path: Path, trainer: Any, engine: Any, config: Config) -> RunState:
         if (path / checkpoint.SHARDS).is_dir():  # written by several ranks: one process reads every shard

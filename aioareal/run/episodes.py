@@ -14,7 +14,8 @@ from ..config import Config
 from ..episodes import Codec, Episode, EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
 from ..episodes.local import drive
 from ..errors import ConfigError
-from ..generation import Engine, SamplingParams
+from ..generation import SamplingParams
+from ..generation.backends import make_engine
 from ..orchestrator.episodes import EpisodeWorker
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
@@ -37,7 +38,8 @@ class EpisodeSetup:
     def toolbox(self, seed_offset: int = 0) -> ToolBox:
         """A box of the configured tools with counters of its own (training and evaluation keep apart)."""
         t = self.config.tools
-        return build_toolbox(t.names, t.functions, t.timeout_s, t.latency_ms, self.config.run.seed + seed_offset)
+        return build_toolbox(t.names, t.functions, t.timeout_s, t.latency_ms, self.config.run.seed + seed_offset,
+                             t.max_threads)
 
     def runner(self, queue: TurnQueue, tools: ToolBox, score: Any, budget: int,
                log: Log | None = None) -> EpisodeRunner:
@@ -77,7 +79,15 @@ def episode_evaluator(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
                       score: Callable[[str, Example], float], eos: list[int]) -> Callable[[], dict[str, float]]:
     """Held-out greedy pass rate of whole episodes on the trainer's weights (runs on its thread)."""
     budget = setup.config.eval.max_new_tokens or setup.config.generation.max_new_tokens
-    return lambda: evaluate_episodes(setup, model, eval_set, score, eos, budget)
+    owner = getattr(score, "__self__", None)  # a RewardedTask's score counts its reward functions' failures
+
+    def run() -> dict[str, float]:
+        failed_before = getattr(owner, "failures", 0)
+        metrics = evaluate_episodes(setup, model, eval_set, score, eos, budget)
+        if hasattr(owner, "failures"):
+            metrics["eval_reward_failures"] = owner.failures - failed_before
+        return metrics
+    return run
 
 
 def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: EvalSet,
@@ -88,16 +98,22 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + budget
     # fuse=False: the trainer's own model (see run/evaluation.py).
-    engine = Engine(model, eos, num_slots=min(max_slots, len(eval_set.examples)), max_len=max_len,
-                    params=SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
+    engine = make_engine(model, eos, min(max_slots, len(eval_set.examples)), max_len,
+                         SamplingParams(greedy=True, max_new_tokens=budget), setup.config.generation.backend,
+                         fuse=False)
     queue = TurnQueue(setup.codec.decode_raw)
 
     async def scored(text: str, example: Example) -> tuple[float, bool]:
-        return score(text, example), False
+        # Off this loop: `score` may wait up to reward.timeout_s for a user's reward function.
+        return await asyncio.to_thread(score, text, example), False
 
-    runner = setup.runner(queue, setup.toolbox(seed_offset=1), scored, budget, log=lambda line: None)
+    tools = setup.toolbox(seed_offset=1)
+    runner = setup.runner(queue, tools, scored, budget, log=lambda line: None)
     groups = [Group(i, ids, 1, example) for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples))]
-    outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
+    try:
+        outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
+    finally:
+        tools.close()
     model.train(was_training)
     completions = [g.completions[0] for g in groups]
     return {"eval_pass_rate": fmean(rewards[0] for rewards, _ in outcomes),

@@ -21,7 +21,7 @@ from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
 from ..devices import cpu_threads, threads_restored
 from ..errors import RunStopped, UserError
-from ..generation import Engine
+from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
 from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
@@ -39,11 +39,13 @@ from .build import (
     build_rewards,
     build_trainer,
     build_workers,
+    check_engine,
     engine_context,
     model_path,
 )
 from .cell import Cell, current_cell
 from .episodes import episode_evaluator, episode_generator, episode_setup
+from .evaluation import KeptCompletions
 from .events import install_stop_signals, quiet, run_event_loop, step_printer
 from .hooks import RunHooks
 
@@ -55,7 +57,7 @@ class Parts:
     config: Config
     run_dir: Path
     cell: Cell  # one process, or this rank's place in a torchrun job
-    engine: Engine
+    engine: Backend
     generator: EngineWorker | EpisodeWorker  # EpisodeWorker with data.episode
     trainer: TrainerWorker
     rewards: RewardService
@@ -65,6 +67,7 @@ class Parts:
     live: LiveState
     trackers: TrackerFeed  # run.trackers (none: a no-op)
     resume: RunState | None = None  # the checkpoint's counters when continuing a run
+    kept: KeptCompletions | None = None  # the last evaluation's completions, for eval_samples.jsonl
 
     @property
     def start_step(self) -> int:
@@ -92,12 +95,14 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     if config.model.lora_rank:
         log(lora.describe(models.train))
     eos = eos_token_ids(models.gen, tokenizer)
-    engine = build_engine(config, models.gen, eos, engine_context(config, models.gen, prompts),
-                          seed=cell.engine_seed(config))
+    max_len, seed = engine_context(config, models.gen, prompts), cell.engine_seed(config)
+    engine = build_engine(config, models.gen, eos, max_len, seed=seed, log=log)
+    engine = check_engine(config, engine, models.gen, eos, max_len, prompts.train_ids[prompts.train[0].uid], seed, log)
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    kept = KeptCompletions()
     evaluator = (episode_evaluator(episodes, trainer.model, prompts.eval_set, data.task.score, eos) if episodes
-                 else cell.evaluator(config, trainer, prompts.eval_set, data.task, decode, eos))
+                 else cell.evaluator(config, trainer, prompts.eval_set, data.task, decode, eos, kept))
     state = cell.restore(resume_from, trainer, engine, config) if resume_from else None
     generator, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
     rewards = build_rewards(config, data.task, decode)
@@ -110,7 +115,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
         generator = episode_generator(episodes, generator, rewards)
     return Parts(config, run_dir, cell, engine, generator, trainer_worker, rewards, source,
                  cell.run_log(run_dir, state.step if state else None), tokenizer, live,
-                 cell.trackers(config, run_dir), state)
+                 cell.trackers(config, run_dir), state, kept)
 
 
 def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunHooks:
@@ -123,6 +128,8 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
 
     def write_row(row: dict[str, Any]) -> None:
         parts.log.step(row)  # metrics.jsonl, the source of truth
+        if "eval_pass_rate" in row and parts.kept is not None:  # an evaluation's completions, under its step
+            parts.log.eval_samples(parts.kept.take(), row["step"])
         parts.trackers.log(row)  # the same row to the trackers' thread (never waits)
 
     save = parts.cell.saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
@@ -223,16 +230,25 @@ def _train_in(run_dir: Path, config: Config, log: Callable[[str], None],
                 orchestrator = run_event_loop(orchestrate(parts, printer))
         finally:
             cleanup(parts)
-    return _finished(orchestrator, run_dir, config.train.steps, cell.is_main, log)
+    return _finished(orchestrator, run_dir, config, cell.is_main, log)
 
 
-def _finished(orchestrator: Orchestrator, run_dir: Path, steps: int, is_main: bool,
+def _finished(orchestrator: Orchestrator, run_dir: Path, config: Config, is_main: bool,
               log: Callable[[str], None]) -> Path:
-    if orchestrator.train.version >= steps:
+    if orchestrator.train.version >= config.train.steps:
         if is_main:
             checkpoint.mark_done(run_dir, orchestrator.train.version)
         log(f"run written to {run_dir}")
+        log(next_steps(run_dir, config.model.name))
     elif orchestrator.stop_signal is not None:
         raise RunStopped(f"stopped at step {orchestrator.train.version}; continue with: "
                          f"python -m aioareal --resume {run_dir}", orchestrator.stop_signal)
     return run_dir
+
+
+def next_steps(run_dir: Path, base: str) -> str:
+    """Where the trained policy is, and how to evaluate it against its base and talk to it."""
+    latest = checkpoint.latest_checkpoint(run_dir)
+    where = f"policy (Hugging Face format): {latest / checkpoint.POLICY_DIR}\n" if latest else ""
+    return (f"{where}evaluate it against {base}: python -m aioareal eval {base} {run_dir} -n 4\n"
+            f"chat with it:  python -m aioareal chat {run_dir}")

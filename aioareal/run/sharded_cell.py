@@ -30,7 +30,7 @@ from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
 from .build import build_evaluator
-from .evaluation import EvalSet, shard_eval_set, sharded_evaluator
+from .evaluation import EvalSet, KeptCompletions, shard_eval_set, sharded_evaluator
 from .hooks import SaveCheckpoint
 from .rank_hooks import RankHooks, sharded_saver
 
@@ -67,6 +67,9 @@ class QuietLog:
         pass
 
     def samples(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def eval_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         pass
 
     def close(self) -> None:
@@ -106,11 +109,15 @@ class ShardedCell:
         return Global(device)
 
     def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
-                  decode: Callable[[list[int]], str], eos: list[int]) -> Callable[[], dict[str, float]]:
-        """Every N-th held-out prompt on this rank, on the mirror's gathered weights; sums all-reduced."""
+                  decode: Callable[[list[int]], str], eos: list[int],
+                  keep: KeptCompletions | None = None) -> Callable[[], dict[str, float]]:
+        """Every N-th held-out prompt on this rank, on the mirror's gathered weights; sums all-reduced
+        (the pass rate and length: pass@k is one process's figure). Rank 0 keeps its shard's
+        completions for eval_samples.jsonl."""
         mirror = self._mirror()
         shard = shard_eval_set(eval_set, self.world.rank, self.world.size)
-        evaluate_shard = build_evaluator(config, mirror.model, shard, task, decode, eos)
+        evaluate_shard = build_evaluator(config, mirror.model, shard, task, decode, eos,
+                                         keep if self.is_main else None)
         return sharded_evaluator(evaluate_shard, lambda: mirror.refresh(trainer.model), len(shard.examples),
                                  trainer.collective)
 

@@ -32,6 +32,7 @@ from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
 EVAL_EVERY = 25
+SUMMARY_FILE = "warmup.json"  # written last: a directory holding it is a finished warm-start
 
 
 def cache_root() -> Path:
@@ -54,17 +55,17 @@ def cache_key(config: Config) -> str:
 def ensure_tiny(config: Config, log=print) -> Path:
     """Path of the warm-started tiny model for this config, training it first if not cached."""
     path = cache_root() / f"tiny-{cache_key(config)}"
-    if (path / "warmup.json").exists():
+    if (path / SUMMARY_FILE).exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs wait for one warm-start, not redo it
-        if not (path / "warmup.json").exists():
+        if not (path / SUMMARY_FILE).exists():
             log(f"warm-start: training the tiny model once (cached in {path})")
             tmp = path.with_name(path.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             summary = train_tiny(config, tmp, log)
-            (tmp / "warmup.json").write_text(json.dumps(summary, indent=2))
+            (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
             os.replace(tmp, path)
     return path
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..errors import ConfigError
+from ..rewards.guarded import GuardedCaller
 from .arithmetic import ArithmeticTask
 from .base import Example, PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions
@@ -22,8 +23,10 @@ def build_task(config: Config) -> Task:
     task = _base_task(config)
     if not config.reward.functions:
         return task
-    rewards = WeightedRewards(load_reward_functions(config.reward.functions), config.reward.weights)
-    return RewardedTask(task, rewards)
+    r = config.reward
+    rewards = WeightedRewards(load_reward_functions(r.functions), r.weights)
+    # The check before training and evaluation call the functions under training's timeout and isolation.
+    return RewardedTask(task, rewards, GuardedCaller(r.timeout_s, r.workers, r.memory_limit_mb), r.isolation)
 
 
 def build_scorer(config: Config, task: Task) -> BatchScorer:

@@ -11,6 +11,8 @@ The final answer is the last one the completion commits to. In order of how expl
 4. the last number of the final statement: the last sentence with a number once trailing checks,
    notes and asides are cut off (`trailers`); of a numbered list, its last item (not the item's
    number); of a text cut off mid-sentence at its token limit, that unfinished sentence, or nothing.
+   A number named only to reject it is not the answer ("12 apples, not 15" reads 12; "... $12. Not
+   15." skips the sentence that only rejects).
 Prose after 1-3 replaces the answer only when it commits again: a later answer phrase ("\\boxed{24}
 ... Wait, I forgot the 2 she gives away. The answer is 26." reads 26), or a retraction ("wait",
 "oops", "I forgot", "recheck", ...) followed by a new final statement. A check after the answer
@@ -18,7 +20,8 @@ Prose after 1-3 replaces the answer only when it commits again: a later answer p
 empty or never closed, boxes offered as alternatives (`\\boxed{18} or \\boxed{19}`, `\\boxed{18},
 \\boxed{19}`, `\\boxed{18} or maybe 19`). What the answer says is then read by `numbers.read_span` /
 `numbers.read_last`. Every step is linear in the length of the text: the box scan is one pass over
-the braces, markers and phrases are found by scans that never revisit characters.
+the braces, markers and phrases are found by scans that never revisit characters, no pattern has two
+adjacent quantifiers that can take the same characters, and only the last `MAX_CHARS` are read.
 """
 from __future__ import annotations
 
@@ -36,12 +39,19 @@ from .trailers import is_trailer, strip_trailers
 _PHRASE = re.compile(r"(?<!\w)answer\b\**\s*(?:(?:is|was|would\s+be|should\s+be|will\s+be|equals)\b|[:=])\**",
                      re.IGNORECASE)
 _ANSWER = ("answer", "Answer", "ANSWER")
-_NEGATED = re.compile(r"\s*\**\s*(?:(?:definitely|certainly|clearly|actually)\s+)?(?:not|never|no\s+longer|n't)\b",
-                      re.IGNORECASE)
+_NEGATED = re.compile(r"\s*+(?:\*+\s*+)?(?:(?:definitely|certainly|clearly|actually)\s++)?"
+                      r"(?:not|never|no\s++longer|n't)\b", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-_HEADING = re.compile(r"[\s*$]*-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid per day"
-_MARKER_START = re.compile(r"[\s*]*(?:\\?\$)?\s*[-\u2212]?\s*(?:\\?\$)?\s*\.?\d")
+_HEADING = re.compile(r"[\s*$]*+-?[\d.,]+[.:)]\s+[A-Za-z]")  # "#### 1. Eggs laid per day"
+_MARKER_START = re.compile(r"[\s*]*+(?:\\?\$\s*+)?(?:[-\u2212]\s*+)?(?:\\?\$\s*+)?\.?\d")
+# A sentence that only names a rejected alternative ("So she pays $12. Not 15."): no final statement.
+_ONLY_REJECTS = re.compile(r"[\s*_(\-—–]*+(?:(?:and|but)\s++)?(?:not|never)\b(?!\s++(?:only|just)\b)", re.I)
+_TURN = re.compile(r"[;,]|\b(?:but|so|instead|rather)\b", re.IGNORECASE)  # after a negation: a new statement
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
+# Every rule below is linear in the text (no two adjacent quantifiers can take the same characters:
+# possessive `*+` where they could), and the text is capped first (docs/reliability.md#the-grader).
+MAX_CHARS = 8192  # 4-5 times the longest GSM8K completion of a 1,024-token budget
+_CAP_ALIGN = 64
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
 _CUT_OFF = ",;:(-+=/\\{"  # a text ending in these (or a letter) stopped mid-sentence: cut off at its token limit
 _QUESTIONS = 3  # questions skipped looking for the final statement (bounded: each skip rescans)
@@ -54,8 +64,8 @@ _RETRACTION = re.compile(r"\b(?:wait|oops|hmm+|hold on|on second thought|correct
                          r"(?:let me|let's|i'll|i need to|i should) (?:re-?check|re-?calculate|re-?do|re-?evaluate|"
                          r"reconsider|correct|fix))\b", re.IGNORECASE)
 # Between two boxes, or after the final one: alternatives, not a correction.
-_BOXES_HEDGED = re.compile(r"[\s$*\\()\[\],;/&]*(?:(?:either|or|and|maybe|possibly|perhaps)[\s$*\\()\[\],;/&]*)*")
-_OR_AFTER = re.compile(r"[\s$*\\)\]}]*(?:or|/)\s*(?:maybe|possibly|perhaps)?\s*\\?\$?\s*[-.]?\d", re.IGNORECASE)
+_BOXES_HEDGED = re.compile(r"[\s$*\\()\[\],;/&]*+(?:(?:either|or|and|maybe|possibly|perhaps)[\s$*\\()\[\],;/&]*+)*+")
+_OR_AFTER = re.compile(r"[\s$*\\)\]}]*+(?:or|/)\s*+(?:(?:maybe|possibly|perhaps)\s*+)?\\?\$?\s*+[-.]?\d", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,28 @@ class Found:
 
 
 def find_answer(text: str) -> Found | None:
-    """The answer `text` commits to last, or None when it commits to none."""
+    """The answer `text` commits to last, or None when it commits to none. Only the last `MAX_CHARS`
+    characters are read (`capped`); `end` is in the whole text's terms."""
+    text, offset = capped(text)
     text = text.replace("\u2212", "-")
     for find in (_boxed, _hashes, _phrase):
         found = find(text)
         if found is not None:
-            return _revised(text, found)
-    return _last_statement(text)
+            return _shifted(_revised(text, found), offset)
+    found = _last_statement(text)
+    return _shifted(found, offset) if found is not None else None
+
+
+def capped(text: str) -> tuple[str, int]:
+    """The last `MAX_CHARS` characters of `text` (from a space or line break in the first
+    `_CAP_ALIGN` of them, so no number is read cut in half), and where they start in `text`.
+    The final answer is the last commitment, so it lies in the tail; the cap bounds the work per
+    completion, whatever a policy writes (docs/reliability.md#the-grader)."""
+    if len(text) <= MAX_CHARS:
+        return text, 0
+    cut = len(text) - MAX_CHARS
+    space = next((i for i in range(cut, cut + _CAP_ALIGN) if text[i].isspace()), cut)
+    return text[space:], space
 
 
 def extract_answer(text: str) -> str | None:
@@ -199,7 +224,7 @@ def _last_statement(text: str) -> Found | None:
         return None
     sentence = text[bounds[0]:bounds[1]]
     negated = [m for m in _PHRASE.finditer(sentence) if _NEGATED.match(sentence, m.end())]
-    if negated and not re.search(r"[;,]|\b(?:but|so|instead|rather)\b", sentence[negated[-1].end():]):
+    if negated and not _TURN.search(sentence, negated[-1].end()):
         return None  # "The answer is not 16.": no answer
     reading = read_last(sentence)
     if reading == NOTHING:
@@ -216,10 +241,17 @@ def _final_statement(text: str) -> tuple[int, int] | None:
         return _sentence_start(text, end), end
     for _ in range(_QUESTIONS):
         bounds = _last_numbered_sentence(text, end)
-        if bounds is None or "?" not in (text[bounds[1]:bounds[1] + 1], text[bounds[0]:bounds[1]].rstrip()[-1:]):
+        if bounds is None or not (_only_rejects(text, *bounds) or "?" in (
+                text[bounds[1]:bounds[1] + 1], text[bounds[0]:bounds[1]].rstrip()[-1:])):
             return bounds
         end = bounds[0]
     return None
+
+
+def _only_rejects(text: str, start: int, end: int) -> bool:
+    """The sentence only names a rejected alternative ("Not 15."; "Not 15, but 12." states 12)."""
+    m = _ONLY_REJECTS.match(text, start, end)
+    return m is not None and _TURN.search(text, m.end(), end) is None
 
 
 def _last_numbered_sentence(text: str, end: int) -> tuple[int, int] | None:

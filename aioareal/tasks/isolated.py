@@ -12,7 +12,7 @@ from typing import Any
 
 from ..rewards.pool import Deferred
 from .base import Example
-from .reward_functions import WeightedRewards, batch_columns, load_reward_functions
+from .reward_functions import RewardFunctionError, WeightedRewards, batch_columns, check_failure, load_reward_functions
 
 _loaded: dict[tuple[tuple[str, ...], tuple[float, ...]], WeightedRewards] = {}
 
@@ -40,3 +40,15 @@ def score_in_worker(specs: tuple[str, ...], weights: tuple[float, ...], texts: l
     if rewards is None:
         rewards = _loaded[(specs, weights)] = WeightedRewards(load_reward_functions(list(specs)), list(weights))
     return rewards.with_columns(texts, columns)
+
+
+def check_in_worker(spec: str, completions: list[Any], columns: dict[str, list[Any]]) -> list[float | None]:
+    """Runs in a worker: `WeightedRewards.check` of one function under reward.isolation=process. A failure
+    comes back as one RewardFunctionError line, saying where in the user's code it went wrong."""
+    fn = load_reward_functions([spec])[0]
+    try:
+        return fn(completions, columns)
+    except RewardFunctionError:
+        raise
+    except Exception as e:
+        raise RewardFunctionError(check_failure(spec, e, len(completions))) from None

@@ -25,6 +25,13 @@ _HALF = re.compile(r" and (?:a|one) half(?![A-Za-z])", re.I)
 # Where a number phrase may start in prose (a word boundary, then a cardinal or "a hundred").
 START = re.compile(r"(?<![A-Za-z])(?:" + "|".join(sorted([*_UNITS, *_TENS], key=len, reverse=True))
                     + r"|a (?=hundred|thousand|million|billion))(?![a-z])", re.I)
+# START for scanning a whole sentence, on its ASCII-lowercased copy (same length, so the same indices):
+# a pattern that opens with a lookbehind (or matches case-insensitively) is tried at every position,
+# one that opens with alternative words is searched at C speed for their first letters only; the
+# lookbehind's check is then done on the few matches (`last_words`).
+_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_SCAN = re.compile("(?:" + "|".join(sorted([*_UNITS, *_TENS], key=len, reverse=True))
+                   + r"|a (?=hundred|thousand|million|billion))(?![a-z])")
 
 
 def read_words(t: str, pos: int = 0) -> tuple[Fraction, int] | None:
@@ -45,10 +52,10 @@ def read_words(t: str, pos: int = 0) -> tuple[Fraction, int] | None:
 
 def last_words(t: str, pos: int = 0, endpos: int | None = None) -> tuple[Fraction, int, int] | None:
     """(value, start, end) of the last number phrase that starts in `t[pos:endpos]`, a lone "one" skipped."""
-    found, end = None, 0
-    for m in START.finditer(t, pos, len(t) if endpos is None else endpos):
-        if m.start() < end:
-            continue  # inside the phrase just read ("one hundred twenty": not "twenty" again)
+    found, end, lower = None, 0, t.translate(_LOWER)
+    for m in _SCAN.finditer(lower, pos, len(t) if endpos is None else endpos):
+        if m.start() < end or (m.start() and "a" <= lower[m.start() - 1] <= "z"):
+            continue  # inside the phrase just read ("one hundred twenty": not "twenty" again), or a word
         read = read_words(t, m.start())
         if read is None:
             continue

@@ -29,7 +29,7 @@ from .number_words import last_words, read_words
 from .numerals import NUMBER, NumberTooLong, canonical, numeral_value  # noqa: F401 (two re-exported)
 from .quantities import read_quantity
 
-_DECORATION = re.compile(r"[\s*(\[:=]*(?:(?:about|approximately|approx\.?|around|roughly|≈|~) ?)?"
+_DECORATION = re.compile(r"[\s*(\[:=]*+(?:(?:about|approximately|approx\.?|around|roughly|≈|~) ?)?"
                          r"(?:(?:usd|us\$|rs\.?|inr|eur|gbp|cad|aud) ?)?[\s*(\[]*", re.I)
 _BOUND_BEFORE = re.compile(r"(?<![A-Za-z])(?:at (?:least|most)|(?:more|less|fewer|greater|higher|lower) than|"
                            r"up to|over|under|above|below|nearly|almost|between|from|no (?:more|less) than|"
@@ -51,6 +51,11 @@ _PERCENT_AFTER = re.compile(r" ?(?:%|percent\b|per cent\b)", re.I)
 _LIST_GAP = re.compile(r" ?(?:%|percent)? ?(?:,|;|/|&|or|and|to|–|—|, ?and|, ?or)? ?", re.I)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _INCOMPLETE = re.compile(r" ?[=+×*/÷-] ?$")
+# Right before a number: the sentence names it as the alternative it rejects ("12, not 15", "12 (and not
+# 15)", "12 rather than 15", "12 - not 15"); searched only in the `_REJECT_WINDOW` characters before it.
+_REJECTED = re.compile(r"(?:[\s,;:(—–-]|\b(?:and|but)\b)*+(?:\bnot|\bnever|\brather than|\binstead of|"
+                       r"\bas opposed to) ?(?:[$€£¥₹] ?)?$", re.I)
+_REJECT_WINDOW = 24
 
 @dataclass(frozen=True)
 class Reading:
@@ -105,18 +110,31 @@ def leading(t: str) -> Reading | None:
 
 def read_last(sentence: str) -> Reading:
     """The last number of a sentence (a numeral, a number in words or a quantity in paired units),
-    unless it is hedged, one of a list, or ends in `=`."""
+    unless it is hedged, one of a list, or ends in `=`. A last number named as the alternative the
+    sentence rejects ("12 apples, not 15", "12 rather than 15") is not the answer: the number before
+    the rejection is (read once more, so two passes at most)."""
     t = clean(sentence)
     plain = re.sub(r"\([^()]*\)", " ", t)  # "so she makes 18 dollars (9 × 2)": the 18
     if plain != t and (NUMBER.search(plain) or last_words(plain)):
         t = plain
+    reading, start = _last(t)
+    rejection = _REJECTED.search(t, max(0, start - _REJECT_WINDOW), start) if start > 0 else None
+    if rejection is not None:
+        before, _ = _last(t[:rejection.start()])
+        if before != NOTHING:
+            return before
+    return reading
+
+
+def _last(t: str) -> tuple[Reading, int]:
+    """The reading of the last number of cleaned `t`, and where that number starts (-1: none)."""
     recent: list[re.Match[str]] = []  # the last three numerals: a quantity has at most three parts here
     for m in NUMBER.finditer(t):
         recent = [*recent[-2:], m]
     words = last_words(t, recent[-1].end() if recent else 0)  # only words after the last numeral count
     if words is not None:
-        return _last_words(t, *words)
-    return _last_numeral(t, recent) if recent else NOTHING
+        return _last_words(t, *words), words[1]
+    return (_last_numeral(t, recent), recent[-1].start()) if recent else (NOTHING, -1)
 
 
 def _unsigned(t: str) -> Reading | None:

@@ -14,6 +14,12 @@ entry of None (or NaN) means "does not apply to this sample" and adds nothing. A
 raises or returns the wrong length or a non-number fails its batch (the reward service scores it 0
 and counts it); `check` calls every function once on training rows before training starts, so a
 wrong signature or return value is a one-line error instead.
+
+Outside training (`check`, and `RewardedTask.score` in held-out evaluation) the functions are called
+through a `rewards.guarded.GuardedCaller`: the reward service's timeout and isolation (threads, or
+worker processes with `reward.isolation=process`), never in-process without a deadline. A function
+that hangs in the check is a one-line error naming it and the timeout; in evaluation it scores 0 and
+is counted (`eval_reward_failures`).
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from ..errors import UserError
+from ..rewards.guarded import GuardedCaller
+from ..rewards.pool import Deferred, Outcome
 from .base import Example, Task
 from .imports import first_line as _first_line
 from .imports import resolve_spec
@@ -37,6 +45,7 @@ from .imports import user_frame as _user_frame
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+ISOLATED = __name__.rpartition(".")[0] + ".isolated"  # where worker processes call them (not imported: a cycle)
 
 
 class RewardFunctionError(UserError):
@@ -161,38 +170,67 @@ class WeightedRewards:
                 row[f"reward/{name}/mean"], row[f"reward/{name}/std"] = fmean(values), pstdev(values)
         return row
 
-    def check(self, examples: list[Example]) -> None:
-        """Call every function once on the first two rows (their answers as completions): a wrong
-        signature, return length or type is a one-line error before any model loads."""
+    def check(self, examples: list[Example], caller: GuardedCaller | None = None, isolation: str = "thread") -> None:
+        """Call every function once on the first two rows (their answers as completions), under `caller`'s
+        timeout and in `isolation`'s place: a wrong signature, return length or type, or a function that
+        does not return in time, is a one-line error before any model loads."""
+        caller = caller or GuardedCaller(DEFAULT_TIMEOUT_S)
         sample = examples[:2]
         texts = [e.answer for e in sample]
         # Stand-in token ids (the answers' bytes) for the dry run: a length reward can be called.
         columns = batch_columns(sample, [list(t.encode()) for t in texts])
         completions = as_completions(texts, columns)
         for fn in self.functions:
-            try:
-                fn(completions, columns)
-            except RewardFunctionError:
-                raise
-            except Exception as e:
-                raise RewardFunctionError(
-                    f"reward function '{fn.spec}' raised {type(e).__name__}: {_first_line(e)}{_user_frame(e)} "
-                    f"when called on the first {len(sample)} training rows (their answers as completions)"
-                ) from None
+            if isolation == "process":
+                call = Deferred(f"{ISOLATED}:check_in_worker", (fn.spec, completions, columns))
+                outcome = caller.call(call, (ISOLATED,))
+            else:
+                outcome = caller.call(lambda fn=fn: fn(completions, columns))
+            if not outcome.ok:
+                raise RewardFunctionError(check_failure(fn.spec, outcome, len(sample), caller.timeout_s))
+
+    def specs(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """What a worker process needs to load these functions (`isolated.score_in_worker`)."""
+        return tuple(f.spec for f in self.functions), tuple(self.weights)
+
+
+DEFAULT_TIMEOUT_S = 10.0  # reward.timeout_s's default, for callers built without a config
+
+
+def check_failure(spec: str, failed: Outcome | Exception, rows: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
+    """The one line that says why reward function `spec` failed the check on the first `rows` rows."""
+    where = f"when called on the first {rows} training rows (their answers as completions)"
+    if isinstance(failed, Outcome) and failed.status == "timeout":
+        return (f"reward function '{spec}' did not return within reward.timeout_s={timeout_s}s {where}: it hangs, "
+                f"or needs a longer reward.timeout_s")
+    error = failed.value if isinstance(failed, Outcome) else failed
+    if isinstance(error, RewardFunctionError):
+        return str(error)
+    if isinstance(error, Exception):
+        raised = f"{type(error).__name__}: {_first_line(error)}{_user_frame(error)}"
+        return f"reward function '{spec}' raised {raised} {where}"
+    message = failed.message.removeprefix("RewardFunctionError: ")  # a worker's report, already one line
+    if message.startswith("reward function"):
+        return message
+    return f"reward function '{spec}' failed: {message} {where}"
 
 
 class RewardedTask:
     """A task whose completions the configured reward functions score, in training and in evaluation.
 
     Evaluation averages `score` over the held-out set, so `eval_pass_rate` is the mean held-out
-    reward of greedy completions: the pass rate when the reward is 0/1. A reward function that
-    raises during evaluation scores that completion 0 (counted in `failures`), as in training.
+    reward of greedy completions: the pass rate when the reward is 0/1. `score` calls the functions
+    through `caller` (the reward service's timeout and isolation): one that raises, runs past the
+    timeout or returns garbage scores that completion 0, counted in `failures` (timeouts also in
+    `timeouts`), as in training.
     """
 
-    def __init__(self, task: Task, rewards: WeightedRewards) -> None:
-        self.task, self.rewards = task, rewards
+    def __init__(self, task: Task, rewards: WeightedRewards, caller: GuardedCaller | None = None,
+                 isolation: str = "thread") -> None:
+        self.task, self.rewards, self.isolation = task, rewards, isolation
+        self.caller = caller or GuardedCaller(DEFAULT_TIMEOUT_S)
         self.name, self.chat = task.name, task.chat
-        self.failures = 0
+        self.failures = self.timeouts = 0
         self.encode: Callable[[str], list[int]] | None = None  # the tokenizer's, set once one is loaded
         self._lock = threading.Lock()
         self._checked = False
@@ -200,18 +238,27 @@ class RewardedTask:
     def splits(self) -> tuple[list[Example], list[Example]]:
         train, held_out = self.task.splits()
         if not self._checked:
-            self.rewards.check(train or held_out)
+            self.rewards.check(train or held_out, self.caller, self.isolation)
             self._checked = True
         return train, held_out
 
     def score(self, completion: str, example: Example) -> float:
-        try:  # not tallied in the training metrics; completion_ids re-encoded from the text (when `encode` is set)
-            ids = [self.encode(completion)] if self.encode is not None else None
-            return self.rewards.with_columns([completion], batch_columns([example], ids))[0]
-        except Exception:
-            with self._lock:
-                self.failures += 1
-            return 0.0
+        # completion_ids re-encoded from the text (when `encode` is set); not tallied in the training metrics
+        ids = [self.encode(completion)] if self.encode is not None else None
+        columns = batch_columns([example], ids)
+        if self.isolation == "process":
+            specs, weights = self.rewards.specs()
+            outcome = self.caller.call(Deferred(f"{ISOLATED}:score_in_worker", (specs, weights, [completion], columns)),
+                                       (ISOLATED,))
+        else:
+            outcome = self.caller.call(lambda: self.rewards.with_columns([completion], columns))
+        value = outcome.value[0] if outcome.ok and isinstance(outcome.value, list) and outcome.value else None
+        if isinstance(value, float) and math.isfinite(value):
+            return value
+        with self._lock:
+            self.failures += 1
+            self.timeouts += outcome.status == "timeout"
+        return 0.0
 
     def __getattr__(self, name: str) -> Any:  # the wrapped task's extras (skipped, source, ...)
         if name == "task":  # not set yet (copy, unpickling): no recursion

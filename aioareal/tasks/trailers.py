@@ -20,7 +20,8 @@ import re
 # sentence (`_LEAD`, over the few characters before them): a pattern that opened with the lookbehinds
 # would try them at every position of every completion.
 _WORDS = re.compile(
-    r"(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)[ \t]*\**[ \t]*(?:[:—]|\n|$)|"
+    r"(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)"
+    r"[ \t]*+(?:\*+[ \t]*+)?(?:[:—]|\n|$)|"
     r"(?:to (?:check|verify)|let(?:'s|’s| me| us) (?:double[- ]?)?(?:check|verify|confirm)|note|nb|p\.?s\.?|"
     r"this (?:makes sense|checks out|is correct|matches|is consistent|confirms)|"
     r"(?:i )?hope (?:it|this|that)|let me know|feel free)\b", re.I | re.M)

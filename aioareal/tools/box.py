@@ -1,17 +1,22 @@
 """The tools an episode may call, by name: data in, data out, each call under a timeout.
 
-A tool is a function of one string returning a string: `async def f(arg) -> str` (it must await,
-not compute: a coroutine that computes holds the event loop, and no timeout can stop it), or a
-plain `def f(arg) -> str`, run in a daemon thread so that it cannot block the loop (one that
-overruns its timeout is abandoned there, as the reward service does: Python cannot kill a thread).
-Whatever goes wrong, the episode gets an observation and the run goes on: a tool that raises, hangs
-past `timeout_s`, returns something that is not a string, or is not known gives `error: <what>`,
-and the failure is counted (`ToolStats`, and each call's `ToolCall` in the sample's record). A long
-answer is cut to `max_chars`. `latency_s` adds a seeded random sleep before every call: a slow world
-for measuring what asynchrony buys (it is part of the call's seconds, not of its timeout).
+A tool is a function of one string returning a string: `async def f(arg) -> str` or a plain
+`def f(arg) -> str`. Both run off the run's event loop, so that a tool that blocks can never
+freeze the run, and each call's timeout is enforced from the run's loop: a plain tool on one of at
+most `max_threads` daemon threads (tools.max_threads), an `async def` tool on a loop of its own in a
+thread (`loop.py`; one that blocks that loop stalls only the calls on it, and the next call gets a
+fresh loop). Python cannot kill a thread: a call that overruns its timeout is abandoned and keeps
+its thread (or loop) until it returns; while `max_threads` of them are held so, calls fail at once
+instead of starting more (docs/reliability.md, user code). Whatever goes wrong, the episode gets an observation and
+the run goes on: a tool that raises, hangs past `timeout_s`, returns something that is not a string,
+or is not known gives `error: <what>`, and the failure is counted (`ToolStats`, and each call's
+`ToolCall` in the sample's record). A long answer is cut to `max_chars`. `latency_s` adds a seeded
+random sleep before every call: a slow world for measuring what asynchrony buys (it is part of the
+call's seconds, not of its timeout).
 
 No tool here runs model-written code. One that would must run in a process of its own with no
-network, a time and memory limit and a scratch directory, and be off by default (DESIGN rule 9).
+network, a time and memory limit and a scratch directory, and be off by default
+(docs/architecture.md#rules, rule 9).
 """
 from __future__ import annotations
 
@@ -21,8 +26,10 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..rewards.threads import DaemonThreads
+from ..rewards.threads import BoundedThreads, Saturated
+from .loop import ToolLoop
 
 ToolFn = Callable[[str], "Awaitable[str] | str"]
 ERROR_PREFIX = "error: "
@@ -63,11 +70,14 @@ class ToolBox:
     seed: int = 0
     max_chars: int = 1000
     stats: ToolStats = field(default_factory=ToolStats)
+    max_threads: int = 64  # tools.max_threads
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
         self._rng = random.Random(self.seed)
-        self._threads = DaemonThreads("tool")
+        self.threads = BoundedThreads(self.max_threads, "tool")
+        self._loop: ToolLoop | None = None  # where async tools run (loop.py), started on the first call
+        self._stuck_loops: list[ToolLoop] = []  # replaced because a tool blocked them, until it returns
 
     @property
     def names(self) -> list[str]:
@@ -98,7 +108,7 @@ class ToolBox:
             return f"unknown tool {name!r} (tools: {', '.join(self.by_name) or 'none'})", "unknown"
         try:
             value = await asyncio.wait_for(self._run(tool, arg), tool.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"{name} did not answer within {tool.timeout_s}s", "timeout"
         except Exception as e:  # a tool's bug or its refusal of bad input: an observation, not a crash
             message = (str(e).strip().splitlines() or [""])[0]
@@ -111,6 +121,47 @@ class ToolBox:
         if tool.inline:
             return tool.fn(arg)
         if inspect.iscoroutinefunction(tool.fn):
-            return await tool.fn(arg)
-        value = await asyncio.wrap_future(self._threads.submit(lambda: tool.fn(arg)))
-        return await value if inspect.isawaitable(value) else value
+            return await self._on_tool_loop(tool, lambda: tool.fn(arg))
+        future = self.threads.submit(lambda: tool.fn(arg))  # Saturated: an error observation
+        try:
+            value = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # timed out (or the episode was cancelled): the thread may be stuck
+            self.threads.abandon(future)
+            raise
+        if inspect.isawaitable(value):  # a plain function that returned a coroutine: run it where async tools run
+            return await self._on_tool_loop(tool, lambda: value)
+        return value
+
+    async def _on_tool_loop(self, tool: Tool, make: Any) -> object:
+        loop = self._tool_loop(tool.timeout_s)
+        try:
+            return await asyncio.wrap_future(loop.submit(make))
+        except asyncio.CancelledError:  # timed out: if a tool holds that loop, later calls go to a fresh one
+            if loop is self._loop and loop.blocked(tool.timeout_s):
+                self._retire_loop()
+            raise
+
+    def _tool_loop(self, timeout_s: float) -> ToolLoop:
+        """The loop async tools run on (a fresh one once a tool has blocked the last); Saturated when
+        `max_threads` retired loops are still held by their tools."""
+        if self._loop is not None and self._loop.blocked(timeout_s):
+            self._retire_loop()
+        if self._loop is None:
+            self._stuck_loops = [s for s in self._stuck_loops if s.thread.is_alive()]
+            if len(self._stuck_loops) >= self.max_threads:
+                raise Saturated(f"all {self.max_threads} tool loops are held by async tools that block past their "
+                                f"timeout")
+            self._loop = ToolLoop()
+        return self._loop
+
+    def close(self) -> None:
+        """Let the async tools' loop end once its calls have (a box made per evaluation leaves no thread)."""
+        if self._loop is not None:
+            self._loop.retire()
+            self._loop = None
+
+    def _retire_loop(self) -> None:
+        assert self._loop is not None
+        self._loop.retire()
+        self._stuck_loops.append(self._loop)
+        self._loop = None

@@ -45,6 +45,6 @@ def _check_signature(spec: str, fn: object) -> None:
 
 
 def build_toolbox(names: list[str], functions: list[str], timeout_s: float, latency_ms: list[float],
-                  seed: int = 0) -> ToolBox:
+                  seed: int = 0, max_threads: int = 64) -> ToolBox:
     lo, hi = (latency_ms + latency_ms)[:2] if latency_ms else (0.0, 0.0)
-    return ToolBox(load_tools(names, functions, timeout_s), (lo / 1000, hi / 1000), seed)
+    return ToolBox(load_tools(names, functions, timeout_s), (lo / 1000, hi / 1000), seed, max_threads=max_threads)

@@ -13,6 +13,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from ..generation.families import logit_transform
+from .body import decoder, head
 from .fused_logprobs import fused_head_applies, fused_selected_logprobs
 from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
@@ -54,6 +56,32 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
     return torch.cat(logps), torch.cat(entropies)
 
 
+class TransformedHead(torch.nn.Module):
+    """The LM head followed by the model's own logit transform (families.logit_transform: Granite's
+    divisor, Gemma's soft cap), which transformers' ForCausalLM applies after lm_head and the
+    trainer, calling the head itself, must apply too. Not a plain nn.Linear: the chunked path runs it."""
+
+    def __init__(self, head: torch.nn.Module, divisor: float | None, cap: float | None) -> None:
+        super().__init__()
+        self.head, self.divisor, self.cap = head, divisor, cap
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden)
+        if self.divisor is not None:
+            logits = logits / self.divisor
+        return logits if self.cap is None else torch.tanh(logits / self.cap) * self.cap
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The model's LM head (trainer/body.py), with the model's logit transform where its family has one."""
+    divisor, cap = logit_transform(getattr(model, "config", None))
+    return head(model) if divisor is None and cap is None else TransformedHead(head(model), divisor, cap)
+
+
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
                    chunk: int = 2048, share: PromptShare | None = None,
@@ -66,7 +94,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     with `tree` each distinct prefix is computed once (trainer/prefix_tree.py)."""
     if tree is not None:
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
-        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, model.lm_head,
+        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),
                                                   temperature, chunk)
         return _scatter(loss_mask, logp_pairs.index_select(0, tree.pair_index),
                         ent_pairs.index_select(0, tree.pair_index))
@@ -74,21 +102,21 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
-        hidden = model.model(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
-                             **varlen.kwargs()).last_hidden_state
+        hidden = decoder(model)(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
+                                 **varlen.kwargs()).last_hidden_state
         selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
     elif share is None:
         # No KV cache: a training forward never reads one back, and with compiled layers
         # (trainer/compiled.py) each layer's cache entry would be a guard, one graph per layer.
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask,
-                             use_cache=False).last_hidden_state  # (b, L, H)
+        hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
     else:  # row-major over the targets, the same order as loss_mask's
         selected = shared_hidden(model, share)[share.target_mask]  # (n, H)
         targets = share.targets[share.target_mask]
-    return _scatter(loss_mask, *selected_logprobs(selected, targets, model.lm_head, temperature, chunk))
+    return _scatter(loss_mask, *selected_logprobs(selected, targets, output_head(model), temperature, chunk))
 
 
 def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor,

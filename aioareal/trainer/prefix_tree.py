@@ -37,6 +37,7 @@ import torch
 from ..errors import UserError
 from ..models.attention import ATTENTION
 from ..samples import Sample
+from .body import decoder
 
 # Nodes per row: at most the CPU's short-attention key length (models/attention.py), so every row
 # attends by two small matmuls. A longer single sequence gets a row of its own length.
@@ -203,8 +204,8 @@ def tree_to(tree: PrefixTree, device: torch.device) -> PrefixTree:
 
 def tree_hidden(model: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
     """Hidden states of the nodes that predict each distinct pair: (u, H)."""
-    hidden = model.model(input_ids=tree.input_ids, attention_mask=tree.mask,
-                         position_ids=tree.position_ids, use_cache=False).last_hidden_state  # (r, T, H)
+    hidden = decoder(model)(input_ids=tree.input_ids, attention_mask=tree.mask,
+                             position_ids=tree.position_ids, use_cache=False).last_hidden_state  # (r, T, H)
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, tree.pair_node)
 
 

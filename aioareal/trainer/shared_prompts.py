@@ -26,6 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..samples import Sample
+from .body import decoder
 
 
 @dataclass
@@ -77,7 +78,7 @@ def share_to(share: PromptShare, device: torch.device) -> PromptShare:
 
 def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     """Hidden states at the positions that predict each target: (b, C + 1, H)."""
-    out = model.model(input_ids=share.prompt_ids, attention_mask=share.prompt_mask, use_cache=True)
+    out = decoder(model)(input_ids=share.prompt_ids, attention_mask=share.prompt_mask, use_cache=True)
     hidden = out.last_hidden_state  # (g, P, H)
     # The last prompt position predicts the first completion token. Taken once per prompt, then
     # copied to its rows with index_select: indexing (row_prompt, len - 1) directly would repeat each
@@ -96,6 +97,6 @@ def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     mask = torch.cat([share.prompt_mask[share.row_prompt], share.input_mask], dim=1)  # (b, P + C)
     steps = torch.arange(width, device=share.prompt_len.device)
     positions = share.prompt_len[:, None] + steps[None, :]  # (b, C): each row continues its own prompt
-    rest = model.model(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
-                       use_cache=True, **{cache_name: cache}).last_hidden_state  # (b, C, H)
+    rest = decoder(model)(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
+                           use_cache=True, **{cache_name: cache}).last_hidden_state  # (b, C, H)
     return torch.cat([last[:, None], rest], dim=1)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from .. import losses
+from ..errors import UserError
 from ..samples import Group
 from ..timing import PhaseTimer
 from .trainer import StepSums, Trainer
@@ -38,7 +39,17 @@ def train_step(trainer: Trainer, groups: list[Group],
     with timer("publish"):  # stage the new weights for the generator (no host wait)
         publish(trainer.version)
     metrics = trainer.summary(minibatches, sums)  # the step's one host sync
+    check_gap(metrics["logprob_gap_max"], trainer.max_logprob_gap, trainer.version)
     return {**metrics, **{f"time_{phase}": s for phase, s in timer.take().items()}}
+
+
+def check_gap(gap: float, bound: float, version: int) -> None:
+    """Stop the run when the generator's behaviour log-probs and the trainer's own differ by more
+    than `bound` nats on some token the trainer's version sampled (NaN: none was, nothing to say):
+    the generator samples from another model than the one trained (generation/backends.py)."""
+    if gap > bound:
+        raise UserError(f"step {version}: logprob_gap_max {gap:.3g} nats exceeds train.max_logprob_gap={bound:g}: "
+                        "the generator's log-probs differ from the trainer's; try generation.backend=hf")
 
 
 def assign_advantages(groups: list[Group], std_norm: bool) -> None:

@@ -18,6 +18,7 @@ from .. import losses
 from ..config import AlgoConfig, TrainConfig
 from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
+from ..generation.layer_plan import sliding_windows
 from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
@@ -67,6 +68,7 @@ class Trainer:
         self.collective = collective
         self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
         self.loss_constant = float(loss_constant or 0.0)
+        self.max_logprob_gap = math.inf  # train.max_logprob_gap, set by run/build.py (step.py checks it)
         self.device = next(model.parameters()).device
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -83,22 +85,29 @@ class Trainer:
             raise UserError("model.train_dtype resolves to float16, which is not supported on several ranks "
                             "(the loss scaler would skip steps on some ranks only); set model.train_dtype=bfloat16 "
                             "or float32")
+        self._choose_layouts(model, train, collective)
+        self.version = 0
+        self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
+        self.oom_retries = 0
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+
+    def _choose_layouts(self, model: PreTrainedModel, train: TrainConfig, collective: Collective) -> None:
+        """Which micro-batch layouts the log-probs may use (trainer/batching.py)."""
         # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
         # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
         # Gradient checkpointing drops the prompts' KV cache the shared path needs.
         # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         compiled = layers_compiled(model)
-        self.share_prompts = collective.size == 1 and not checkpointed and not compiled
+        # The shared-prompt, one-row and tree layouts build masks without sliding windows (Mistral,
+        # Gemma 2/3, ...): a windowed model keeps the padded batch, where the model masks itself.
+        windowed = bool(sliding_windows(model))
+        self.share_prompts = collective.size == 1 and not checkpointed and not compiled and not windowed
         # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
-        self.varlen = not self.share_prompts and use_varlen(train.varlen, self.device, model)
+        self.varlen = not self.share_prompts and not windowed and use_varlen(train.varlen, self.device, model)
         # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
-        self.prefix_tree = use_tree(train.prefix_tree, self.device, model, compiled)
-        self.version = 0
-        self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
-        self.oom_retries = 0
-        self.skipped_updates = 0
-        self.consecutive_skips = 0
+        self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
 
     def _autocast(self):
         if self.autocast_dtype is None:

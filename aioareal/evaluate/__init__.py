@@ -1,0 +1,2 @@
+"""Evaluation sets on the engine (rollout.py), final answers for voting (answers.py) and the figures
+(metrics.py): what `eval` and the in-run evaluation share."""

@@ -1,0 +1,66 @@
+"""Completions of an evaluation set on the generation engine, scored by the reward service.
+
+The same path as training's (docs/architecture.md#data-flow): prompts go to the batched engine as
+groups (G = 1 greedy, G = n sampled), finished groups go to the reward service, which holds every
+check to its deadline and runs the task's verifier or the user's reward functions as training
+does (`reward.isolation`, `reward.timeout_s`)."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from ..generation import SamplingParams
+from ..generation.backends import make_engine
+from ..rewards.service import RewardService
+from ..samples import Completion, Group
+from ..tasks.base import Example
+
+MAX_SLOTS = 256  # KV-cache slots of one engine: enough to batch a whole small set at once
+Progress = Callable[[int], None]  # called with the number of prompts just finished
+
+
+@dataclass
+class Scored:
+    """One completion with its verdict."""
+
+    text: str
+    reward: float
+    length: int  # completion tokens
+    truncated: bool  # stopped by the length limit, not by an end-of-sequence token
+
+
+def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[list[int]], examples: Sequence[Example],
+             size: int, params: SamplingParams, seed: int, progress: Progress,
+             backend: str = "auto") -> list[list[Completion]]:
+    """`size` completions of every prompt, in prompt order, by `backend` (generation.backend:
+    generation/backends.py); `progress` hears of each finished prompt."""
+    max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
+    slots = max(size, min(MAX_SLOTS, size * len(prompt_ids)))
+    # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/fusion.py).
+    engine = make_engine(model, eos_ids, slots, max_len, params, backend, seed=seed, fuse=False)
+    for i, (ids, example) in enumerate(zip(prompt_ids, examples)):
+        engine.submit(Group(i, ids, size, example))
+    done: dict[int, list[Completion]] = {}
+    while engine.busy:
+        finished = engine.step()
+        for group in finished:
+            done[group.group_id] = group.completions
+        if finished:
+            progress(len(finished))
+    return [done[i] for i in range(len(prompt_ids))]
+
+
+def score(service: RewardService, decode: Callable[[list[int]], str], completions: list[list[Completion]],
+          examples: Sequence[Example]) -> list[list[Scored]]:
+    """Every prompt's completions through the reward service (one call per prompt, run concurrently)."""
+    texts = [[decode(c.tokens) for c in group] for group in completions]
+
+    async def all_groups() -> list[tuple[list[float], int]]:
+        return await asyncio.gather(*(service.score(t, [ex] * len(t)) for t, ex in zip(texts, examples)))
+    results = asyncio.run(all_groups())
+    return [[Scored(text, reward, len(c.tokens), c.finish_reason == "length")
+             for text, reward, c in zip(group_texts, rewards, group)]
+            for group_texts, (rewards, _failures), group in zip(texts, results, completions)]

@@ -1,0 +1,193 @@
+"""The engine's forward pass for the decoder families beyond the plain Llama/Qwen layer.
+
+`FamilyForward` runs the same static KV cache, prefill and decode as forward.py's `FastForward`,
+layer by layer as each layer's `LayerPlan` says (layer_plan.py: extra norms, fused checkpoint
+projections, q/k norms, NoPE layers, sliding windows, attention scale and soft cap, multipliers).
+`build_forward` picks the plain fast path wherever every layer is the plain one, so Llama and
+Qwen models decode exactly as before.
+
+Sliding windows are masks over the full cache: a layer with window w attends to the keys at
+positions (p - w, p], as transformers' sliding_window_overlay. Each distinct window's mask is made
+once per pass. Every query also attends to itself, so a padded prompt position (whose window may
+hold no real key) never gets an empty softmax row and a NaN in the cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from .families import logit_transform
+from .forward import _HAS_GQA, FastForward, KVCache, check_supported
+from .fusion import FusedLinear, fuse
+from .layer_plan import LayerPlan, is_plain, layer_plans
+from .prefix import PrefixLayout
+
+Ropes = dict[str | None, tuple[torch.Tensor, torch.Tensor]]
+
+
+def build_forward(model: PreTrainedModel, max_len: int, fuse: bool = True, compiled: bool = False) -> FastForward:
+    """The engine's forward pass for `model`: the plain fast path where it applies."""
+    check_supported(model.config, max_len)  # before reading layers an unsupported model may not have
+    plans = layer_plans(model)
+    if plans and is_plain(model, plans):
+        return FastForward(model, max_len, fuse=fuse, compiled=compiled)
+    return FamilyForward(model, max_len, fuse=fuse, compiled=compiled, plans=plans)
+
+
+class FamilyForward(FastForward):
+    """Prefill and decode for the families of layer_plan.py (a plan per layer, fixed at construction)."""
+
+    shares_prefix = False  # prefix.py's shared-prefix decode knows neither windows nor scales
+
+    def __init__(self, model: PreTrainedModel, max_len: int, fuse: bool = True, compiled: bool = False,
+                 plans: list[LayerPlan] | None = None) -> None:
+        check_supported(model.config, max_len)  # before reading layers an unsupported model may not have
+        self.plans = plans if plans is not None else layer_plans(model)
+        super().__init__(model, max_len, fuse=fuse, compiled=compiled)
+        config = model.config
+        self.windows = sorted({p.window for p in self.plans}, key=lambda w: -1 if w is None else w)
+        self.embed_multiplier = getattr(model.model, "embedding_multiplier", None)  # Granite
+        self.logits_divisor, self.final_softcap = logit_transform(config)
+
+    def _fuse_projections(self, enabled: bool) -> None:
+        """q/k/v and gate/up fused as in forward.py where they are separate modules; a projection
+        the checkpoint already fuses (Phi-3) runs as it is and is split."""
+        self.qkv: list[FusedLinear | None] = [None] * len(self.plans)
+        self.gate_up: list[FusedLinear | None] = [None] * len(self.plans)
+        if not enabled:
+            return
+        for i, plan in enumerate(self.plans):
+            self.qkv[i] = fuse(list(plan.qkv)) if len(plan.qkv) > 1 else None
+            self.gate_up[i] = fuse(list(plan.gate_up)) if len(plan.gate_up) > 1 else None
+
+    # -- building blocks -------------------------------------------------------------------------
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.model.model.embed_tokens(tokens)  # Gemma's embedding module scales by sqrt(hidden) itself
+        return h if self.embed_multiplier is None else h * self.embed_multiplier
+
+    def _split(self, fused: FusedLinear | None, x: torch.Tensor, modules: tuple, sizes: list[int]):
+        if fused is not None:
+            return self.linear(x, fused.weight, fused.bias).split(fused.sizes, dim=-1)
+        if len(modules) == 1:
+            return self.linear.module(modules[0], x).split(sizes, dim=-1)
+        return tuple(self.linear.module(m, x) for m in modules)
+
+    def _plan_qkv(self, i: int, plan: LayerPlan, h: torch.Tensor, ropes: Ropes):
+        x = h if plan.norms[0] is None else plan.norms[0](h)
+        n, t, _ = x.shape
+        q, k, v = self._split(self.qkv[i], x, plan.qkv, plan.qkv_sizes)
+        if plan.q_norm is not None and not plan.qk_norm_per_head:  # OLMo 2: over all heads at once
+            q, k = plan.q_norm(q), plan.k_norm(k)
+        q = q.reshape(n, t, self.heads, self.head_dim)
+        k = k.reshape(n, t, self.kv_heads, self.head_dim)
+        v = v.reshape(n, t, self.kv_heads, self.head_dim)
+        if plan.q_norm is not None and plan.qk_norm_per_head:
+            q, k = plan.q_norm(q), plan.k_norm(k)
+        if plan.rope:
+            rope = ropes[plan.rope_table]
+            q, k = _partial_rope(q, rope), _partial_rope(k, rope)
+        return q, k, v
+
+    def _plan_attend(self, plan: LayerPlan, q, k, v, mask) -> torch.Tensor:
+        """q (n, T, H, D), k/v (n, S, Hkv, D), mask (n, 1, T, S) bool -> (n, T, H*D)."""
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if plan.softcap is None:
+            gqa = {"enable_gqa": True} if _HAS_GQA and self.kv_heads != self.heads else {}
+            if self.kv_heads != self.heads and not _HAS_GQA:
+                k, v = _repeat_kv(k, v, self.heads // self.kv_heads)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=plan.scale, **gqa)
+        else:  # Gemma 2: tanh soft cap on the scores, which SDPA cannot apply
+            k, v = _repeat_kv(k, v, self.heads // self.kv_heads)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * plan.scale
+            scores = torch.tanh(scores / plan.softcap) * plan.softcap
+            scores = scores.masked_fill(~mask, float("-inf"))
+            out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return out.transpose(1, 2).flatten(2)
+
+    def _plan_rest(self, i: int, plan: LayerPlan, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The attention output projected, normed and added; then the MLP block."""
+        _, post_attn, pre_mlp, post_mlp = plan.norms
+        a = self.linear.module(plan.o_proj, attn)
+        a = a if post_attn is None else post_attn(a)
+        h = h + a * plan.residual
+        x = h if pre_mlp is None else pre_mlp(h)
+        gate, up = self._split(self.gate_up[i], x, plan.gate_up, plan.gate_up_sizes)
+        m = self.linear.module(plan.down, plan.act(gate) * up)
+        m = m if post_mlp is None else post_mlp(m)
+        return h + m * plan.residual
+
+    def _ropes(self, pos: torch.Tensor) -> Ropes:
+        """Each table's rows at positions pos (n, T) -> (n, T, 1, rotary_dim), once per pass."""
+        return {key: (cos[pos][:, :, None, :], sin[pos][:, :, None, :]) for key, (cos, sin) in self.tables.items()}
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.linear.module(self.model.lm_head, self.model.model.norm(hidden))
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    # -- passes ----------------------------------------------------------------------------------
+    def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
+                slots: torch.Tensor, copies: int = 1) -> torch.Tensor:
+        """As FastForward.prefill, each layer by its plan."""
+        n, t = tokens.shape
+        pos = torch.arange(t, device=tokens.device).expand(n, t)
+        valid = pos < lengths[:, None]  # (n, T)
+        idx = torch.arange(t, device=tokens.device)
+        distance = idx[:, None] - idx[None, :]  # query minus key position, (T, T)
+        eye = distance == 0
+        masks = {w: ((_in_window(distance, w)[None] & valid[:, None, :]) | eye)[:, None] for w in self.windows}
+        write_slots = slots.view(n, copies, 1).expand(n, copies, t)
+        write_pos = pos[:, None, :].expand(n, copies, t)
+        h, ropes = self._embed(tokens), self._ropes(pos)
+        for i, plan in enumerate(self.plans):
+            q, k, v = self._plan_qkv(i, plan, h, ropes)
+            cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
+            cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
+            h = self._plan_rest(i, plan, h, self._plan_attend(plan, q, k, v, masks[plan.window]))
+        last = (lengths - 1).clamp(min=0)
+        return h[torch.arange(n, device=h.device), last]
+
+    def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int,
+               slots: torch.Tensor | None = None, prefix: PrefixLayout | None = None) -> torch.Tensor:
+        """As FastForward.decode (without the shared-prefix layout), each layer by its plan."""
+        n = tokens.shape[0]
+        rows = torch.arange(n, device=tokens.device) if slots is None else slots
+        keys = torch.arange(span, device=tokens.device)[None, :]
+        causal = keys <= pos[:, None]
+        masks = {w: (causal if w is None else causal & (keys > pos[:, None] - w))[:, None, None, :]
+                 for w in self.windows}
+        h, ropes = self._embed(tokens[:, None]), self._ropes(pos[:, None])
+        for i, plan in enumerate(self.plans):
+            q, k, v = self._plan_qkv(i, plan, h, ropes)
+            cache.k[i][rows, pos] = k[:, 0]
+            cache.v[i][rows, pos] = v[:, 0]
+            keys_i = cache.k[i][:n, :span] if slots is None else cache.k[i][slots, :span]
+            values_i = cache.v[i][:n, :span] if slots is None else cache.v[i][slots, :span]
+            h = self._plan_rest(i, plan, h, self._plan_attend(plan, q, keys_i, values_i, masks[plan.window]))
+        return h[:, 0]
+
+
+def _partial_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """RoPE on the first rotary_dim features of x (n, T, heads, head_dim); the rest pass (Phi-3's
+    partial_rotary_factor), as transformers' apply_rotary_pos_emb."""
+    cos, sin = rope
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return FastForward._rope(x, rope)
+    return torch.cat([FastForward._rope(x[..., :dim], rope), x[..., dim:]], dim=-1)
+
+
+def _in_window(distance: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Which keys a query sees, from query minus key positions: causal, and within the window."""
+    seen = distance >= 0
+    return seen if window is None else seen & (distance < window)
+
+
+def _repeat_kv(k: torch.Tensor, v: torch.Tensor, rep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if rep == 1:
+        return k, v
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

@@ -1,0 +1,209 @@
+"""The HF fallback backend: continuous batching over the model's own forward and its own cache.
+
+For an architecture the engine's decoder does not implement (families.py), `HFEngine` serves the
+orchestrator through the engine's public interface (`submit`, `submit_turn`, `take_turns`, `step`,
+`adopt`, `idle`, `free`, `waiting`, `running`, `busy`, `version`, `tokens_generated`, `timer`,
+`stream`, `generator`), so admission, per-token versions and behaviour log-probs, interruption by
+version (docs/architecture.md#rules, rule 3), weight sync and episodes' turns work as they do on
+the engine. The host side is the engine's own `Scheduler`; only the forward differs.
+
+Every logit comes from the model's `forward`, so whatever the model implements (its attention,
+norms, RoPE variant, sliding window, MoE routing) is what samples: slower than the engine, but the
+behaviour log-probs are the model's. The sequences admitted in one step with equally long prompts
+form a *cohort*: they share one prefill (each unit's prompt computed once) and hold equally long
+contexts forever after (one token each per step), so a cohort decodes as one batch over one
+transformers `DynamicCache`, with no padding and no attention mask; a finished sequence's row is
+dropped from it. Each step costs one forward per cohort. A new version mid-rollout re-prefills
+every cohort's rows under the new weights (`recompute_kv`, the default), as the engine does.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..samples import Group
+from ..timing import PhaseTimer
+from .inflight import StepOutput
+from .sampling import SamplingParams, sample
+from .scheduler import Scheduler
+from .sequence import Running
+from .turns import TurnRequest
+
+
+@dataclass
+class Cohort:
+    """Sequences admitted together: equal context lengths, one cache with one row each."""
+
+    rows: list[Running]
+    cache: DynamicCache
+    next_tokens: torch.Tensor  # (rows,) sampled, recorded by the host, not yet in the cache
+
+
+class HFEngine:
+    """The engine's interface over the model's own forward (module docstring)."""
+
+    def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
+                 params: SamplingParams, seed: int = 0, recompute_kv: bool = True, timed: bool = False) -> None:
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.params, self.max_len, self.recompute_kv = params, max_len, recompute_kv
+        self.num_slots = num_slots
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens)
+        self.cohorts: list[Cohort] = []
+        self.version = 0
+        self.stale_cache = False
+        self.timer = PhaseTimer(self.device, enabled=timed)
+        # transformers 5 names the cache argument `cache`; earlier versions `past_key_values`.
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    # -- queue: the engine's (engine.py), kept by the same scheduler ----------------------------
+    @property
+    def free(self) -> list[int]:
+        return self.sched.free
+
+    @property
+    def waiting(self) -> deque[Group]:
+        return self.sched.waiting
+
+    @property
+    def running(self) -> dict[int, Running]:
+        return self.sched.running
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.sched.tokens_generated
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def submit(self, group: Group) -> None:
+        if group.size > self.num_slots:
+            raise ValueError(f"a group of {group.size} samples cannot fit in {self.num_slots} slots")
+        if len(group.prompt_ids) + self.params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of {len(group.prompt_ids)} tokens + {self.params.max_new_tokens} new "
+                             f"tokens exceeds the engine context of {self.max_len}")
+        if group.group_id in self.sched.unfinished or any(g.group_id == group.group_id for g in self.waiting):
+            raise ValueError(f"group id {group.group_id} is already in this engine")
+        self.waiting.append(group)
+
+    def submit_turn(self, turn: TurnRequest) -> None:
+        turn.check(self.num_slots, self.max_len, self.params.max_new_tokens)
+        self.waiting.append(turn)
+
+    def take_turns(self) -> list[tuple[TurnRequest, int]]:
+        return self.sched.turns.take()
+
+    # -- weights ---------------------------------------------------------------------------------
+    def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
+        """Weights of `version` from the next step on (the copy already went into the parameters)."""
+        if ready is not None and self.stream is not None:
+            self.stream.wait_event(ready)
+        self.version = version
+        if self.running:
+            self.stale_cache = self.recompute_kv
+
+    def idle(self) -> None:
+        """Nothing held between batches but the caches of running cohorts (none when idle)."""
+
+    # -- stepping --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[Group]:
+        """Admit, prefill each admitted unit, decode one token in every cohort, record the tokens
+        on the host; returns the groups that finished."""
+        if not self.busy:
+            return []
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            if self.stale_cache:
+                with self.timer("recompute_kv"):
+                    for cohort in self.cohorts:
+                        self._recompute(cohort)
+                self.stale_cache = False
+            with self.timer("admit", host=True):
+                units, admitted = self.sched.admit()
+            with self.timer("prefill"):
+                first = self._prefill(units, admitted)
+            snapshot = list(self.running.values())
+            with self.timer("decode"):
+                decoded = self._decode()
+            with self.timer("sync"):  # the step's one device->host sync, as the plain engine's
+                host = torch.cat([first, decoded], dim=1).cpu()
+            output = StepOutput(host, None, admitted, snapshot, self.version, True)
+            with self.timer("bookkeep", host=True):
+                finished = self.sched.bookkeep(output, None)
+                self.sched.paused = []  # a stop string ended them: their rows leave their cohorts below
+                self._drop_finished()
+        return finished
+
+    def _forward(self, tokens: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+        """The model's own forward over tokens (n, T) continuing `cache`; the last position's logits (n, V)."""
+        out = self.model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        return out.logits[:, -1]
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def _prefill(self, units: list[Group | TurnRequest], admitted: list[Running]) -> torch.Tensor:
+        """One forward per context length over the admitted units of that length (their prompts,
+        or episodes' histories), each unit's rows sampling their first tokens from its logits; the
+        rows of one length form one cohort. Returns (2, len(admitted)) in `admitted`'s order."""
+        out = torch.zeros(2, len(admitted), device=self.device)
+        by_length: dict[int, list[tuple[Group | TurnRequest, int]]] = {}
+        row = 0
+        for unit in units:  # `admitted` holds each unit's rows consecutively, in the order of `units`
+            by_length.setdefault(len(unit.prompt_ids), []).append((unit, row))
+            row += unit.size
+        for same in by_length.values():
+            cache = self._new_cache()
+            logits = self._forward(torch.tensor([u.prompt_ids for u, _ in same], device=self.device), cache)
+            expand = torch.tensor([i for i, (u, _) in enumerate(same) for _ in range(u.size)], device=self.device)
+            if len(expand) > len(same):
+                cache.batch_select_indices(expand)  # each unit's row once per sample
+            tok, lp = sample(logits[expand], self.params, self.generator)
+            positions = [p for u, first in same for p in range(first, first + u.size)]
+            self.cohorts.append(Cohort([admitted[p] for p in positions], cache, tok))
+            out[:, positions] = torch.stack([tok.to(torch.float32), lp])
+        for r in admitted:
+            self.running[r.slot] = r
+        return out
+
+    def _decode(self) -> torch.Tensor:
+        """One token for every cohort's rows, (2, max slot + 1) with each row at its slot."""
+        n = max(self.running) + 1 if self.running else 0
+        out = torch.zeros(2, n, device=self.device)
+        for cohort in self.cohorts:
+            logits = self._forward(cohort.next_tokens[:, None], cohort.cache)
+            tok, lp = sample(logits, self.params, self.generator)
+            cohort.next_tokens = tok
+            slots = torch.tensor([r.slot for r in cohort.rows], device=self.device)
+            out[:, slots] = torch.stack([tok.to(torch.float32), lp])
+        return out
+
+    def _drop_finished(self) -> None:
+        """Rows whose sequence ended leave their cohort's cache; an empty cohort goes."""
+        kept = []
+        for cohort in self.cohorts:
+            keep = [i for i, r in enumerate(cohort.rows) if not r.done]
+            if len(keep) < len(cohort.rows) and keep:
+                index = torch.tensor(keep, device=self.device)
+                cohort.cache.batch_select_indices(index)
+                cohort.rows = [cohort.rows[i] for i in keep]
+                cohort.next_tokens = cohort.next_tokens[index]
+            if keep:
+                kept.append(cohort)
+        self.cohorts = kept
+
+    def _recompute(self, cohort: Cohort) -> None:
+        """Re-prefill the cohort's contexts (prompt + tokens so far) under the current weights."""
+        contexts = [r.group.prompt_ids + r.completion.tokens[:-1] for r in cohort.rows]
+        cohort.cache = self._new_cache()
+        self._forward(torch.tensor(contexts, device=self.device), cohort.cache)

@@ -1,0 +1,2 @@
+"""Use what you trained: `eval` scores runs, checkpoints and models side by side (eval_command.py),
+`chat` talks to one (chat.py); both take a TARGET that `targets.py` resolves to a policy."""

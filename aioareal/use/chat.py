@@ -1,0 +1,160 @@
+"""`python -m aioareal chat TARGET [--prompt TEXT] [--max-new-tokens N] [--temperature T]`.
+
+Talks to a run's policy, a checkpoint or a model (targets.py), printing each token as it comes.
+Why Hugging Face `generate` with a streamer and not the engine: the engine batches many prompts and
+hands back whole completions when they finish (generation/engine.py); one conversation needs one
+sequence streamed token by token, which `generate` does correctly out of the box, and a reply's
+speed is bounded by the reader, not by batching.
+
+Input: `--prompt TEXT` answers once; piped stdin is one prompt per line (blank lines skipped), or
+the whole input as one prompt with `--whole-input`; on a terminal, a prompt per line until an empty
+line, `exit` or Ctrl-D (`/reset` forgets the conversation). Lines of one session are turns of one
+conversation, through the model's chat template with its history. A model without a chat template
+(the tiny model) gets its raw prompt format: each line is a prompt by itself ("23+45="), no history.
+Control characters in the reply are escaped: a model can write terminal escape sequences."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TextStreamer
+
+from ..config import Config
+from ..devices import resolve_device
+from ..errors import UserError, guarded
+from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from ..monitor.completions import printable
+from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
+from .eval_command import split_items
+from .targets import model_source, resolve, target_config
+
+NAMED_MODEL_TOKENS = 256  # the reply limit for a model given by name, with no run config to take it from
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m aioareal chat", description="Talk to a trained policy or a model.")
+    p.add_argument("items", nargs="+", metavar="TARGET", help="a run dir, a checkpoint dir or a model; "
+                   "section.key=value overrides (data.system_prompt=...) may follow")
+    p.add_argument("--prompt", help="answer this one prompt and exit")
+    p.add_argument("--whole-input", action="store_true", help="piped stdin is one prompt (default: one per line)")
+    p.add_argument("--system", help="system message (default: the run's data.system_prompt)")
+    p.add_argument("--max-new-tokens", type=int, help="reply limit (default: the run's generation.max_new_tokens; "
+                   f"{NAMED_MODEL_TOKENS} for a model given by name)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), else sampled")
+    p.add_argument("--config", help="YAML config to take the defaults from (instead of the run's)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_intermixed_args(argv)
+    return guarded(args.debug, lambda: chat(args))
+
+
+class Printer(TextStreamer):
+    """The reply as it comes, to stdout, control characters escaped."""
+
+    def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+        sys.stdout.write(printable(text) + ("\n" if stream_end else ""))
+        sys.stdout.flush()
+
+
+def chat(args: argparse.Namespace) -> int:
+    names, overrides = split_items(args.items)
+    if len(names) != 1:
+        raise UserError(f"chat takes one TARGET, got {len(names)}: {' '.join(names) or '(none)'}")
+    if args.temperature < 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    target = resolve(names[0])
+    config, start = target_config([target], args.config, overrides)
+    source = model_source(target, start)
+    device = resolve_device(config.rollout.gen_device, "gen")
+    tokenizer = load_tokenizer(source, config.model.trust_remote_code)
+    model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,
+                       allow_pickle=config.model.allow_pickle).eval()
+    limit = args.max_new_tokens or (NAMED_MODEL_TOKENS if target.named and target.model != "tiny"
+                                    else config.generation.max_new_tokens)
+    chat_format = uses_chat_template(config, bool(target.run_config or args.config), source)
+    talk = Conversation(model, tokenizer, args.system or config.data.system_prompt, limit, args.temperature,
+                        chat_format)
+    for prompt in prompts(args):
+        if prompt == "/reset":
+            talk.history.clear()
+            continue
+        talk.reply(prompt)
+    return 0
+
+
+def uses_chat_template(config: Config, from_run: bool, source: str) -> bool:
+    """Whether prompts go through the chat template: as the run rendered its prompts (an explicit
+    data.chat_template, else the task's choice); a model without a run: its template, unless it is
+    the tiny model, whose format is raw ("23+45=")."""
+    d = config.data
+    if d.chat_template is not None:
+        return d.chat_template
+    if from_run:
+        if d.task == "arithmetic":
+            return config.arithmetic.style == "chat"
+        return d.task == "gsm8k" or d.prompt_template is None
+    return not (Path(source) / WARMUP_SUMMARY).is_file()  # the tiny model: a warm-start directory
+
+
+def prompts(args: argparse.Namespace) -> Iterator[str]:
+    if args.prompt is not None:
+        yield args.prompt
+        return
+    if not sys.stdin.isatty():
+        if args.whole_input:
+            yield sys.stdin.read().strip()
+            return
+        yield from (line.rstrip("\n") for line in sys.stdin if line.strip())
+        return
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        if not line.strip() or line.strip() == "exit":
+            return
+        yield line
+
+
+class Conversation:
+    """One conversation's history, rendered through the chat template (or the raw format)."""
+
+    def __init__(self, model: Any, tokenizer: Any, system: str | None, max_new_tokens: int,
+                 temperature: float, chat: bool = True) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.chat = chat and bool(getattr(tokenizer, "chat_template", None))
+        self.system = system
+        self.history: list[dict[str, str]] = []
+        self.eos = eos_token_ids(model, tokenizer)
+
+    def render(self, prompt: str) -> str:
+        if not self.chat:
+            return prompt  # the raw format: the prompt itself, no turns
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        messages = system + self.history + [{"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def reply(self, prompt: str) -> str:
+        """Stream the model's answer to `prompt` to stdout and remember both turns."""
+        ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False, return_tensors="pt")
+        ids = ids.to(self.model.device)
+        sampled = self.temperature > 0
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
+                                      do_sample=sampled, temperature=self.temperature if sampled else None,
+                                      top_p=None, top_k=None, eos_token_id=self.eos,
+                                      pad_token_id=self.tokenizer.pad_token_id,
+                                      streamer=Printer(self.tokenizer, skip_prompt=True, skip_special_tokens=True))
+        text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        if self.chat:
+            self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}]
+        return text

@@ -1,0 +1,95 @@
+"""What `eval` shows and writes: progress while it runs (rich on a terminal), the side-by-side table, eval.jsonl's rows
+and the figures' JSON line (NaN, an undefined standard error, written as null)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, TextIO
+
+from ..evaluate.metrics import ks_up_to
+
+PLAIN_EVERY = 0.25  # without a terminal: a line at each quarter of a phase
+
+
+class Progress:
+    """Prompts finished of `total`: a rich progress bar on a terminal, a plain line at each quarter
+    otherwise (logs and pipes), nothing for sets too small to wait for."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = None, quiet_below: int = 32) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.stream = stream or sys.stderr
+        self.quiet = total < quiet_below
+        self._next = PLAIN_EVERY
+        self._bar: Any = None
+        if not self.quiet and self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(*Bar.get_default_columns(), console=Console(file=self.stream), transient=False)
+            self._task = self._bar.add_task(label, total=total)
+            self._bar.start()
+
+    def __call__(self, finished: int) -> None:
+        self.done += finished
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
+        elif not self.quiet and self.done >= self._next * self.total:
+            print(f"{self.label}: {self.done}/{self.total} prompts", file=self.stream, flush=True)
+            while self._next * self.total <= self.done:
+                self._next += PLAIN_EVERY
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def metric_rows(n: int, with_answers: bool) -> list[tuple[str, str]]:
+    """(figure name, row label) in the table's order."""
+    rows = [("pass@1_greedy", "pass@1 greedy")]
+    if n:
+        rows.append(("pass@1", f"pass@1 sampled (n={n})"))
+        rows += [(f"pass@{k}", f"pass@{k}") for k in ks_up_to(n) if k > 1]
+        if with_answers:
+            rows += [(f"maj@{k}", f"maj@{k}") for k in ks_up_to(n)]
+        rows += [("reward_mean", "reward, sampled"), ("length_mean", "length, sampled"),
+                 ("truncated", "cut off, sampled")]
+    return rows + [("reward_mean_greedy", "reward, greedy"), ("length_mean_greedy", "length, greedy"),
+                   ("truncated_greedy", "cut off, greedy")]
+
+
+def cell(figures: dict[str, Any], name: str) -> str:
+    value, se = figures.get(name), figures.get(name + "_se")
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    spec = ".1f" if name.startswith("length") else ".3f"
+    if se is None or math.isnan(se):
+        return format(value, spec)
+    return f"{value:{spec}} ± {se:{spec}}"
+
+
+def table(columns: list[dict[str, Any]], n: int) -> str:
+    """One row per figure, one column per target (mean ± standard error over prompts)."""
+    with_answers = any("maj@1" in c for c in columns)
+    rows = metric_rows(n, with_answers)
+    body = [[label] + [cell(c, name) for c in columns] for name, label in rows]
+    head = ["figure"] + [str(c["target"]) for c in columns]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+             for r in [head, *body]]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def json_line(figures: dict[str, Any]) -> str:
+    """The figures as one JSON line; NaN (a standard error of one prompt) becomes null."""
+    return json.dumps(_nulls(figures), allow_nan=False)
+
+
+def _nulls(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nulls(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nulls(v) for v in x]
+    return x

@@ -1,0 +1,88 @@
+"""`python -m aioareal chat`: one-shot --prompt, piped prompts (one per line, or the whole input), the
+raw format of the tiny model, multi-turn history through a chat template, escaped control characters."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from aioareal.cli import main
+from aioareal.models import load_model, load_tokenizer
+from aioareal.use.chat import Conversation
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+class Piped(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_one_shot_prompt_answers_from_the_tiny_model(tiny_model_path, capsys):
+    assert main(["chat", str(tiny_model_path), "--prompt", "12+34="]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() and out.endswith("\n")
+    assert out.strip()[0].isdigit()  # the warm-started model answers sums with digits
+
+
+def test_piped_prompts_are_answered_one_per_line(tiny_model_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", Piped("12+34=\n\n5+6=\n"))
+    assert main(["chat", str(tiny_model_path), "--max-new-tokens", "4"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2  # the blank line is skipped
+
+
+def test_the_whole_input_can_be_one_prompt(tiny_model_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", Piped("12+\n34=\n"))
+    assert main(["chat", str(tiny_model_path), "--whole-input", "--max-new-tokens", "4"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 1
+
+
+def test_a_chat_template_carries_the_history(tiny_model_path, capsys):
+    import torch
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    tokenizer.chat_template = TEMPLATE
+    model = load_model(str(tiny_model_path), torch.float32, torch.device("cpu"))
+    talk = Conversation(model, tokenizer, "be brief", max_new_tokens=3, temperature=0.0)
+    first = talk.reply("1+1=")
+    assert talk.render("2+2=") == f"<system>be brief\n<user>1+1=\n<assistant>{first}\n<user>2+2=\n<assistant>"
+    capsys.readouterr()
+
+
+def test_a_raw_model_keeps_no_history(tiny_model_path, capsys):
+    import torch
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    model = load_model(str(tiny_model_path), torch.float32, torch.device("cpu"))
+    talk = Conversation(model, tokenizer, None, max_new_tokens=3, temperature=0.0, chat=False)
+    talk.reply("1+1=")
+    assert talk.render("2+2=") == "2+2=" and not talk.history
+    capsys.readouterr()
+
+
+def test_two_targets_are_one_line_of_error(capsys):
+    assert main(["chat", "tiny", "tiny", "--prompt", "x"]) == 2
+    assert "one TARGET" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_chat_reads_a_real_pipe(tiny_model_path):
+    result = subprocess.run([sys.executable, "-m", "aioareal", "chat", str(tiny_model_path), "--temperature", "0.5"],
+                            input="12+34=\n7+8=\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip().splitlines()) == 2
+
+
+def test_the_prompt_format_follows_the_run_then_the_model(tiny_model_path, tmp_path):
+    from aioareal.config import load_config
+    from aioareal.use.chat import uses_chat_template
+
+    assert not uses_chat_template(load_config(), True, "x")  # the default task: raw sums
+    assert uses_chat_template(load_config(None, ["data.task=gsm8k"]), True, "x")
+    assert uses_chat_template(load_config(None, ["arithmetic.style=chat"]), True, "x")
+    assert not uses_chat_template(load_config(None, ["data.chat_template=false"]), False, "x")
+    assert not uses_chat_template(load_config(), False, str(tiny_model_path))  # the warm-started tiny model
+    assert uses_chat_template(load_config(), False, str(tmp_path))  # another model: its template

@@ -1,0 +1,114 @@
+"""`python -m aioareal eval`: a tiny run trained for two steps, scored against its base in one table;
+eval.jsonl holds every completion; the figures' JSON line parses and its pass@k matches a brute-force
+count over the written verdicts; the end of the run says where the policy is."""
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from aioareal.cli import main
+from aioareal.config import load_config
+from aioareal.run.recipe import train
+from aioareal.use.report import Progress, json_line, table
+
+N, PROMPTS = 4, 6
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_model_path) -> tuple[Path, list[str]]:
+    run_dir = tmp_path_factory.mktemp("eval") / "run"
+    said: list[str] = []
+    config = load_config(None, ["train.steps=2", "algo.batch_groups=2", "eval.every=0", f"run.run_dir={run_dir}",
+                                "run.dashboard=off"])
+    train(config, log=said.append, printer=lambda row: None)
+    return run_dir, said
+
+
+@pytest.fixture(scope="module")
+def evaluated(trained_run, tmp_path_factory):
+    run_dir, _ = trained_run
+    out = tmp_path_factory.mktemp("eval-out")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["eval", "tiny", str(run_dir), "-n", str(N), f"data.eval_size={PROMPTS}", "--out", str(out)])
+    return code, stdout.getvalue(), out
+
+
+def test_the_end_of_a_run_names_its_policy_and_the_commands(trained_run):
+    run_dir, said = trained_run
+    text = "\n".join(said)
+    assert f"{run_dir}/checkpoints/step-000002/policy" in text
+    assert f"python -m aioareal eval tiny {run_dir}" in text and f"python -m aioareal chat {run_dir}" in text
+
+
+def test_eval_prints_both_targets_in_one_table(evaluated, trained_run):
+    code, stdout, _ = evaluated
+    assert code == 0
+    header = next(line for line in stdout.splitlines() if line.startswith("figure"))
+    assert "tiny" in header and str(trained_run[0]) in header
+    for label in ("pass@1 greedy", f"pass@1 sampled (n={N})", "pass@2", "pass@4", "maj@4", "cut off, sampled"):
+        assert any(line.startswith(label) for line in stdout.splitlines()), label
+
+
+def test_eval_writes_every_completion(evaluated):
+    _, _, out = evaluated
+    rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * PROMPTS * (N + 1)  # targets x prompts x (samples + greedy)
+    assert sum(r["greedy"] for r in rows) == 2 * PROMPTS
+    fields = {"target", "prompt_id", "sample", "text", "reward", "passed", "answer", "length", "truncated"}
+    assert fields <= set(rows[0])
+
+
+def brute_pass_at_k(passed: list[bool], k: int) -> float:
+    subsets = list(itertools.combinations(passed, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_the_figures_line_parses_and_matches_the_completions(evaluated):
+    _, stdout, out = evaluated
+    figures = json.loads(stdout.splitlines()[-1])
+    assert figures == json.loads((out / "figures.json").read_text())
+    rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    for column in figures["targets"]:
+        mine = [r for r in rows if r["target"] == column["target"] and not r["greedy"]]
+        by_prompt = [[r["passed"] for r in mine if r["prompt_id"] == p] for p in dict.fromkeys(r["prompt_id"]
+                                                                                             for r in mine)]
+        assert len(by_prompt) == PROMPTS and column["prompts"] == PROMPTS
+        for k in (1, 2, 4):
+            expected = sum(brute_pass_at_k(p, k) for p in by_prompt) / PROMPTS
+            assert column[f"pass@{k}"] == pytest.approx(expected)
+        greedy = [r for r in rows if r["target"] == column["target"] and r["greedy"]]
+        assert column["pass@1_greedy"] == pytest.approx(sum(r["passed"] for r in greedy) / PROMPTS)
+        assert 0.0 <= column["maj@4"] <= 1.0 and column["pass@4_se"] is not None
+
+
+def test_an_unknown_target_is_one_line(capsys):
+    assert main(["eval", "no/such/run.gguf"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_silent_for_small_sets():
+    out = io.StringIO()
+    progress = Progress("tiny greedy", 100, out)
+    for _ in range(10):
+        progress(10)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert 2 <= len(lines) <= 4 and lines[-1] == "tiny greedy: 100/100 prompts"
+    small = io.StringIO()
+    Progress("x", 8, small)(8)
+    assert small.getvalue() == ""
+
+
+def test_the_table_shows_missing_standard_errors_as_plain_values():
+    columns = [{"target": "a", "pass@1_greedy": 0.5, "pass@1_greedy_se": math.nan, "length_mean_greedy": 3.0,
+                "length_mean_greedy_se": 0.25}]
+    text = table(columns, 0)
+    assert text.splitlines()[2].split() == ["pass@1", "greedy", "0.500"] and "3.0 ± 0.2" in text
+    assert json.loads(json_line({"x": math.nan})) == {"x": None}
