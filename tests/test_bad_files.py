@@ -64,6 +64,15 @@ def test_failed_checkpoint_leaves_no_temp_dir(tmp_path: Path, monkeypatch) -> No
     assert not checkpoint.temp_dir(tmp_path, 2).exists()
     assert [p.name for p in checkpoint.checkpoint_dir(tmp_path).iterdir()] == [first.name]
     assert checkpoint.latest_checkpoint(tmp_path) == first
+    assert checkpoint.load_state(first).step == 1  # what a checkpoint writes, the type checks read back
+
+
+def test_state_json_checks_cover_every_run_state_field() -> None:
+    import dataclasses
+
+    from aioareal.checkpoint.state_file import STATE_FIELDS
+
+    assert sorted(STATE_FIELDS) == sorted(f.name for f in dataclasses.fields(RunState))
 
 
 def test_failed_checkpoint_cleans_up_on_any_error(tmp_path: Path) -> None:
