@@ -19,7 +19,10 @@ def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = Non
     rollout.devices_per_rank): rank r's cell takes GPUs r*d .. r*d+d-1, the generator the first,
     the trainer the last (the same GPU when d = 1)."""
     if name != "auto":
-        device = torch.device(name)
+        try:
+            device = torch.device(name)
+        except (RuntimeError, ValueError):
+            raise UserError(f"rollout.{role}_device: expected auto, cpu, cuda or cuda:N, got {name!r}") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"rollout.{role}_device is '{name}' but no CUDA device is available")
         return device

@@ -5,9 +5,12 @@ one line and exits with code 2; anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import reprlib
 import sys
-from collections.abc import Callable
+import unicodedata
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 SHOWN_CHARS = 200  # an offending value in an error line is cut to this (docs/reliability.md#bounded-readers)
@@ -51,6 +54,47 @@ class RunStopped(UserError):
         self.exit_code = 128 + signum
 
 
+def terminal_safe(text: object, keep_newlines: bool = True) -> str:
+    """`text` made safe to print: control characters (ANSI/OSC escapes, \\r, \\x00-\\x1f, DEL, the C1
+    range, bidirectional overrides) become visible escapes such as \\x1b, so data from a file, a
+    model or a config cannot move the cursor, clear the screen or retitle the terminal. Newlines and
+    tabs are kept unless `keep_newlines` is false (one-line output: error lines, headers)."""
+    kept = "\n\t" if keep_newlines else ""
+    return "".join(c if c in kept or _printable(c) else _escape(c) for c in str(text))
+
+
+def _printable(c: str) -> bool:
+    return c.isprintable() and unicodedata.category(c) != "Cf" or c in "\u200d\u00ad"  # ZWJ, soft hyphen
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if c in "\n\r\t":
+        return repr(c)[1:-1]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def one_line(text: object) -> str:
+    """`text` as one terminal-safe line (error messages quote values read from files and configs)."""
+    return terminal_safe(text, keep_newlines=False)
+
+
+@contextlib.contextmanager
+def reading(path: str | Path, what: str = "") -> Iterator[None]:
+    """Parsing a user's file: any failure that is not already a UserError (undecodable bytes, a value
+    of the wrong type, nesting too deep, an unreadable file) becomes one DataError naming the file,
+    so no malformed file ends in a traceback. `what` says what the file should hold."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OverflowError,
+            OSError) as e:
+        expected = f" (expected {what})" if what else ""
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise DataError(f"{path}: unreadable{expected}: {type(e).__name__}: {reason}") from None
+
+
 def guarded(debug: bool, fn: Callable[[], int]) -> int:
     """Run a command: a user error becomes one line on stderr and its exit code (`debug` re-raises
     it with its traceback); a stopped run says how to continue."""
@@ -62,8 +106,15 @@ def guarded(debug: bool, fn: Callable[[], int]) -> int:
     except UserError as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if debug or e.filename is None:  # not a file the user named or we were told to write: a bug
+            raise
+        # The environment, not the code: a run directory that cannot be created or written (no
+        # permission, a file in its way), a full disk.
+        print(f"error: {one_line(e.filename)}: {one_line(e.strerror or e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -44,6 +44,34 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+def jsonl_lines(path: str | Path) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of each non-blank line, text None where the bytes are not UTF-8 (a torn
+    multi-byte character at the end, or a file that is not text): decoding per line lets the
+    caller name the line instead of failing on the whole file."""
+    with Path(path).open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield lineno, None
+                continue
+            if line.strip():
+                yield lineno, line
+
+
+def parse_row(line: str | None) -> dict[str, Any]:
+    """One JSONL line as a JSON object, or ValueError saying what it is instead."""
+    if line is None:
+        raise ValueError("not UTF-8 text")
+    try:
+        row = loads_bounded(line)
+    except RecursionError:  # loads_bounded's scan makes this rare: a last resort
+        raise ValueError("nested too deeply") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    return row
+
+
 MAX_JSON_DEPTH = 100  # nesting a JSON value read from a user's file may have (docs/reliability.md#bounded-readers)
 
 
@@ -83,35 +111,39 @@ def _depth(text: str) -> int:
 def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Yield JSON objects from a JSONL file; a malformed line is an error naming file and line number."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    for lineno, line in jsonl_lines(path):
+        try:
+            row = parse_row(line)
+        except ValueError as e:
+            if skip_bad:
+                if bad is not None:
+                    bad.append(lineno)
                 continue
-            try:
-                row = loads_bounded(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            except ValueError as e:
-                if skip_bad:
-                    if bad is not None:
-                        bad.append(lineno)
-                    continue
-                raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
-            yield row
+            raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
+        yield row
 
 
 def repair_jsonl(path: str | Path, keep: Any = None) -> int:
-    """Drop a torn last line and rows for which `keep(row)` is false; rewrite atomically. Returns rows kept."""
+    """Drop a torn last line and rows for which `keep(row)` is false; rewrite atomically. Returns rows
+    kept. Any other unreadable line (not JSON, not an object, not UTF-8) is not a crash's doing: a
+    DataError naming it, the file left as it is."""
     path = Path(path)
     if not path.exists():
         return 0
+    lines = list(jsonl_lines(path))
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for i, (lineno, line) in enumerate(lines):
         try:
-            row = loads_bounded(line)
-        except ValueError:
-            continue  # torn by a crash mid-write: only ever the last line
-        if keep is None or keep(row):
+            row = parse_row(line)
+        except ValueError as e:
+            if i == len(lines) - 1:
+                continue  # torn by a crash mid-write: only ever the last line
+            raise DataError(f"{path}:{lineno}: malformed line ({e}); fix or remove it to resume") from None
+        try:
+            kept = keep is None or keep(row)
+        except ValueError as e:  # `keep` found a field of the wrong type
+            raise DataError(f"{path}:{lineno}: {e}; fix or remove the line to resume") from None
+        if kept:
             rows.append(row)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return len(rows)

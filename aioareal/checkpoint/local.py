@@ -17,21 +17,24 @@ someone else produced can therefore not be made to execute anything through its 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..io import atomic_write_text, loads_bounded
+from ..errors import UserError, one_line
+from ..io import atomic_write_text
 from ..models import lora
 from .safe_reader import check_shards
 from .safeload import UnsafeFile, load_plain
+from .state_file import read_state_fields
 
 PREFIX = "step-"
 SHARDS = "shards"  # torch.distributed.checkpoint's directory in a checkpoint written by several ranks
@@ -97,8 +100,8 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
             aside = path.with_name(f"broken-{path.name}")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(path, aside)
-            log(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to {aside.name}, "
-                "trying the one before it")
+            log(one_line(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); moved to "
+                         f"{aside.name}, trying the one before it"))
     return None
 
 
@@ -155,10 +158,30 @@ def restore_rng(state: dict[str, Any], engine_generator: torch.Generator | None)
 def save(run_dir: Path, state: RunState, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
          rng: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `step-<state.step>` atomically, then drop all but the newest `keep`."""
-    tmp = begin(run_dir, state.step)
-    write_policy(tmp, model, tokenizer, trainer_state)
-    torch.save(rng, tmp / "rng.pt")
-    return commit(run_dir, tmp, state, keep)
+    with cleaned_on_failure(temp_dir(run_dir, state.step), state.step):
+        tmp = begin(run_dir, state.step)
+        write_policy(tmp, model, tokenizer, trainer_state)
+        torch.save(rng, tmp / "rng.pt")
+        return commit(run_dir, tmp, state, keep)
+
+
+@contextlib.contextmanager
+def cleaned_on_failure(tmp: Path, step: int) -> Iterator[None]:
+    """Any failure while checkpoint `step` is written removes its temporary directory (no husk left
+    on a full disk); an error becomes one line (a full disk, a run directory made read-only: torch
+    and safetensors report these as RuntimeErrors), the previous checkpoint untouched."""
+    try:
+        yield
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, UserError):
+            raise
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise UserError(f"checkpoint step {step} could not be written under {tmp.parent} ({type(e).__name__}: "
+                        f"{reason}); the previous checkpoint is intact") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def temp_dir(run_dir: Path, step: int) -> Path:
@@ -201,7 +224,9 @@ def commit(run_dir: Path, tmp: Path, state: RunState, keep: int) -> Path:
 
 
 def load_state(path: Path) -> RunState:
-    return RunState(**loads_bounded((path / "state.json").read_text()))
+    """The run's counters from `path`/state.json; a hand-edited or corrupted file is a DataError
+    naming it (a resume then treats the checkpoint as unreadable)."""
+    return RunState(**read_state_fields(path / "state.json"))
 
 
 def load_trainer_state(path: Path, device: torch.device) -> dict[str, Any]:

@@ -48,20 +48,21 @@ def save(run_dir: Path, state: RunState, trainer: Any, mirror: Mirror, tokenizer
          keep: int, world: World) -> None:
     """Every rank calls this (on its trainer's thread); `state` is rank 0's with every rank's counters."""
     tmp = checkpoint.temp_dir(run_dir, state.step)
-    if world.is_main:
-        checkpoint.begin(run_dir, state.step)
-    _barrier(world)
-    policy = mirror.refresh(trainer.model)  # collective: the full weights, for the export
-    model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
-    dcp.save({"model": model_state, "optim": optim_state["state"]}, checkpoint_id=tmp / SHARDS)  # collective
-    torch.save(rng, tmp / rng_file(world.rank))
-    if world.is_main:
-        plain = {**trainer.counters(), "optimizer": {"param_groups": optim_state["param_groups"]}}
-        checkpoint.write_policy(tmp, policy, tokenizer, plain)
-    _barrier(world)  # every rank's files are in place
-    if world.is_main:
-        checkpoint.commit(run_dir, tmp, state, keep)
-    _barrier(world)  # and renamed: no rank goes on before the checkpoint exists
+    with checkpoint.cleaned_on_failure(tmp, state.step):
+        if world.is_main:
+            checkpoint.begin(run_dir, state.step)
+        _barrier(world)
+        policy = mirror.refresh(trainer.model)  # collective: the full weights, for the export
+        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state["state"]}, checkpoint_id=tmp / SHARDS)  # collective
+        torch.save(rng, tmp / rng_file(world.rank))
+        if world.is_main:
+            plain = {**trainer.counters(), "optimizer": {"param_groups": optim_state["param_groups"]}}
+            checkpoint.write_policy(tmp, policy, tokenizer, plain)
+        _barrier(world)  # every rank's files are in place
+        if world.is_main:
+            checkpoint.commit(run_dir, tmp, state, keep)
+        _barrier(world)  # and renamed: no rank goes on before the checkpoint exists
 
 
 def restore(path: Path, trainer: Any, engine: Any, world: World, local_batch: int) -> RunState:

@@ -16,6 +16,7 @@ import yaml
 
 from ..errors import ConfigError, UserError, shown
 from .bounded_yaml import load_yaml
+from .limits import check_value
 from .schema import Config
 
 
@@ -46,7 +47,7 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check `value` against a field annotation; CLI strings are parsed as YAML scalars first."""
     origin, args = get_origin(annotation), get_args(annotation)
     if isinstance(value, str) and annotation is not str and not _admits_str(annotation):
-        value = yaml.safe_load(value) if value.strip() else None
+        value = _yaml_scalar(value, key)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -85,12 +86,30 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
             value = _float_or_none(value)  # YAML 1.1 reads '1e-5' as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, f"expected a number, got {shown(value)}")
-        return float(value)
+        return _to_float(value, key)
     if annotation is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(key, f"expected a string, got {shown(value)}")
         return str(value)
     raise TypeError(f"unsupported annotation {annotation!r} for {key}")
+
+
+def _to_float(value: int | float, key: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int past float's range (~1.8e308)
+        raise ConfigError(key, f"number too large for a float ({len(str(value))} digits)") from None
+
+
+def _yaml_scalar(text: str, key: str) -> Any:
+    """A command-line value read as YAML ('1e-5', '[a, b]', 'true'); malformed YAML is the key's error."""
+    if not text.strip():
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or "malformed YAML"
+        raise ConfigError(key, f"not a valid value {shown(text)} ({problem})") from None
 
 
 def split_list(text: str) -> list[str]:
@@ -154,7 +173,9 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
     for name, cls in section_types().items():
         hints = typing.get_type_hints(cls)
         values = {k: coerce(v, hints[k], f"{name}.{k}") for k, v in layers.get(name, {}).items()}
-        sections[name] = cls(**values)
+        sections[name] = cls(**values)  # the section's own checks first: their messages say more
+        for k, v in values.items():
+            check_value(f"{name}.{k}", v)
     config = Config(**sections)
     from .validate import validate_cross_section
 

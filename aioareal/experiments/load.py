@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from ..config.bounded_yaml import load_yaml
-from ..errors import UserError
+from ..errors import DataError, UserError, reading
 from ..io import iter_jsonl
 
 SHORT_NAMES = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "objective"}
@@ -106,12 +106,20 @@ def read_config(file: Path) -> dict[str, Any]:
 
 def read_frame(file: Path, sort: bool = False) -> pd.DataFrame:
     """A JSONL file as a DataFrame (numeric columns as floats with NaN for null); a torn last line is skipped."""
+    with reading(file, "a run's JSON lines"):  # values pandas cannot hold (ints past float range)
+        return _frame(file, sort)
+
+
+def _frame(file: Path, sort: bool) -> pd.DataFrame:
     rows = list(iter_jsonl(file, skip_bad=True)) if file.is_file() else []
     df = pd.DataFrame(rows)
     for col in df.columns:
         if col != "finish_reason":
             df[col] = pd.to_numeric(df[col], errors="coerce")
     if sort and len(df):
+        if "step" not in df.columns:
+            raise DataError(f"{file}: no row has a 'step' (not a run's metrics file)")
+        df = df[df["step"].notna()]  # a row whose step is not a number belongs to no step
         # A resumed run may repeat a step if it crashed after writing it; the last write wins.
         df = df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
     return df

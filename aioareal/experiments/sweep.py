@@ -27,7 +27,7 @@ from .. import checkpoint
 from ..checkpoint import is_done
 from ..config import Config, load_config
 from ..config.bounded_yaml import load_yaml
-from ..errors import UserError
+from ..errors import UserError, one_line
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
@@ -52,24 +52,42 @@ class PlannedRun:
 
 
 def read_spec(path: Path) -> dict[str, Any]:
+    """The sweep file, every key checked for its shape (sweep files are data, read with bounds)."""
     if not path.is_file():
         raise UserError(f"sweep file not found: {path}")
     spec = load_yaml(path) or {}  # aliases and depth bounded: docs/reliability.md#bounded-readers
     if not isinstance(spec, dict):
         raise UserError(f"{path}: expected a mapping with name, base, set, cases, grid, seeds")
-    unknown = set(spec) - SPEC_KEYS
+    unknown = set(map(str, spec)) - SPEC_KEYS
     if unknown:
         raise UserError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))} "
                         f"(expected {', '.join(sorted(SPEC_KEYS))})")
-    grid = spec.get("grid", {})
-    if not isinstance(grid, dict) or not all(isinstance(v, list) for v in grid.values()):
-        raise UserError(f"{path}: 'grid' must map config keys to lists of values")
+    for key, ok, expected in _shapes(spec):
+        if key in spec and spec[key] is not None and not ok(spec[key]):
+            raise UserError(f"{path}: '{key}' must be {expected}, got {spec[key]!r}")
     return spec
+
+
+def _keyed(x: Any) -> bool:
+    return isinstance(x, dict) and all(isinstance(k, str) for k in x)
+
+
+def _shapes(spec: dict[str, Any]) -> list[tuple[str, Callable[[Any], bool], str]]:
+    name_ok = lambda v: isinstance(v, str) and v.strip(". ") != "" and one_line(v) == v and "/" not in v  # noqa: E731
+    return [("name", name_ok, "a plain directory name (no '/', no control characters)"),
+            ("base", lambda v: isinstance(v, str), "a config file path, relative to the sweep file"),
+            ("set", _keyed, "a mapping of config keys to values"),
+            ("cases", lambda v: isinstance(v, list) and all(_keyed(c) for c in v),
+             "a list of mappings of config keys to values"),
+            ("grid", lambda v: _keyed(v) and all(isinstance(x, list) and x for x in v.values()),
+             "a mapping of config keys to non-empty lists of values"),
+            ("seeds", lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in v), "a list of integers")]
 
 
 def _label(values: dict[str, Any], varying: list[str]) -> str:
     parts = [f"{SHORT.get(k, k.split('.')[-1])}={values[k]}" for k in varying if k in values]
-    return "_".join(parts).replace("/", "-") or "run"
+    return one_line("_".join(parts)).replace("/", "-").replace("\\", "-") or "run"
 
 
 def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[PlannedRun]]:

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, UserError, guarded
-from ..io import loads_bounded
+from ..errors import DataError, UserError, guarded, reading, terminal_safe
+from ..io import jsonl_lines, parse_row
 from .metrics import EVAL_SAMPLES_FILE, SAMPLES_FILE
 
 NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
@@ -49,19 +49,15 @@ def read_samples(run_dir: str | Path, name: str = SAMPLES_FILE) -> list[dict[str
     if not path.is_file():
         when = "at each evaluation" if name == EVAL_SAMPLES_FILE else "from its first training step on"
         raise UserError(f"{run_dir}: no {name} (a run writes it {when})")
-    with path.open(encoding="utf-8") as f:
-        return [row for lineno, line in enumerate(f, 1) if (row := _row(line, path, lineno)) is not None]
+    with reading(path, f"{name} rows"):
+        return [_row(line, path, lineno) for lineno, line in jsonl_lines(path)]
 
 
-def _row(line: str, path: Path, lineno: int) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
+def _row(line: str | None, path: Path, lineno: int) -> dict[str, Any]:
     try:
-        row = loads_bounded(line)
+        row = parse_row(line)
     except ValueError as e:
         raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
     for key in NUMBERS:
         value = row.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -83,8 +79,8 @@ def select(rows: list[dict[str, Any]], step: int | None = None, order: str | Non
 
 
 def printable(text: str) -> str:
-    """Control characters escaped (\\x1b, ...), newlines and tabs kept."""
-    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+    """Control characters escaped (\\x1b, ...), newlines and tabs kept (errors.terminal_safe)."""
+    return terminal_safe(text)
 
 
 def _num(value: Any, spec: str) -> str:
@@ -102,6 +98,7 @@ def format_sample(row: dict[str, Any]) -> str:
         head = (f"step {row['step']} · reward {_num(row['reward'], '.3f')} · advantage "
                 f"{_num(row.get('advantage'), '+.3f')} · staleness {row.get('staleness', '-')} · prompt "
                 f"{row.get('prompt_id') or '-'}")
+    head = terminal_safe(head, keep_newlines=False)  # every field is data from the file
     lines = [head]
     if row.get("prompt"):
         lines.append("  prompt: " + printable(str(row["prompt"])).replace("\n", "\n          "))

@@ -17,11 +17,13 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import one_line
 from .live import Snapshot
 from .plain import fmt, plain_line, wants_dashboard  # noqa: F401 -- the no-TTY path, long imported from here
 
@@ -181,22 +183,23 @@ def _completion(s: Snapshot, width: int) -> tuple[str, list[Text]]:
     title = f"latest completion · step {s.completion_step} · reward {fmt(s.completion_reward, '.3f')}"
     if s.completion is None:
         return title, [_line(("  no text (run.sample_text_chars=0)", "dim"))]
-    flat = " ".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in word) for word in s.completion.split())
+    flat = " ".join(one_line(word) for word in s.completion.split())
     cuts = [flat[i * width:(i + 1) * width] for i in range(COMPLETION_LINES - 1)]
     return title, [_line(cut) for cut in cuts] + [_line(flat[(COMPLETION_LINES - 1) * width:])]
 
 
 def _header(s: Snapshot) -> Panel:
     total = max(s.steps_total, 1)
-    info = _line(("mode ", "dim"), (s.mode, "bold"), ("  ·  K ", "dim"), str(s.max_staleness),
-                 ("  ·  objective ", "dim"), s.objective, ("  ·  device ", "dim"), s.devices)
+    info = _line(("mode ", "dim"), (one_line(s.mode), "bold"), ("  ·  K ", "dim"), str(s.max_staleness),
+                 ("  ·  objective ", "dim"), one_line(s.objective), ("  ·  device ", "dim"), one_line(s.devices))
     progress = Table.grid(expand=True, padding=(0, 1))
     progress.add_column(no_wrap=True)
     progress.add_column(ratio=1)
     progress.add_column(no_wrap=True)
     progress.add_row(f"step {s.step}/{s.steps_total}", ProgressBar(total=total, completed=min(s.step, total)),
                      f"{s.step / total:>4.0%}  ·  elapsed {hms(s.elapsed)}  ·  ETA {hms(s.eta)}")
-    title = f"aioareal · {s.run_name}" if s.run_name else "aioareal"
+    # A str title is rich markup: the run's name is data (a directory name), escaped and made one line.
+    title = f"aioareal · {escape(one_line(s.run_name))}" if s.run_name else "aioareal"
     return Panel(Group(info, progress), title=title, title_align="left")
 
 
@@ -235,7 +238,7 @@ class _Screen:
 
 def render(snap: Snapshot, header: RenderableType | None = None) -> RenderableType:
     """One screen of the run; `header` (the sweep's progress line, say) goes above it."""
-    return _Screen(snap, header)
+    return _Screen(snap, _plain(header))
 
 
 class _Guarded:
@@ -248,9 +251,15 @@ class _Guarded:
         try:
             segments = list(console.render(self.build(), options))
         except Exception as exc:  # noqa: BLE001 -- the dashboard must never stop the run
-            yield Panel(_line(("dashboard error: ", "bold red"), f"{type(exc).__name__}: {exc}"), border_style="red")
+            yield Panel(_line(("dashboard error: ", "bold red"), one_line(f"{type(exc).__name__}: {exc}")),
+                        border_style="red")
             return
         yield from segments
+
+
+def _plain(header: RenderableType | None) -> RenderableType | None:
+    """A str header (the sweep's line, naming runs) as one plain line: rich would read it as markup."""
+    return Text(one_line(header), no_wrap=True, overflow="ellipsis") if isinstance(header, str) else header
 
 
 class Dashboard:

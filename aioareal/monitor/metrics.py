@@ -18,6 +18,13 @@ def clean(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
+def _step(row: dict[str, Any]) -> int:
+    step = row.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"'step' must be an integer, got {step!r}")
+    return step
+
+
 class RunLog:
     def __init__(self, run_dir: str | Path, resume_step: int | None = None) -> None:
         self.dir = Path(run_dir)
@@ -26,7 +33,7 @@ class RunLog:
         self.eval_samples_path = self.dir / EVAL_SAMPLES_FILE
         paths = (self.metrics_path, self.samples_path, self.eval_samples_path)
         if resume_step is not None:
-            keep = lambda row: row.get("step", 0) <= resume_step  # noqa: E731
+            keep = lambda row: _step(row) <= resume_step  # noqa: E731
             for path in paths:
                 repair_jsonl(path, keep)
         else:

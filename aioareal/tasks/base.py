@@ -54,11 +54,13 @@ class PromptRenderer:
 
     def text(self, example: Example) -> str:
         if self.template is not None:
-            try:
-                return self.template.format(**{"prompt": example.prompt, **example.row})
+            try:  # the template's shape was checked at config time (config/limits.py): fields only
+                return self.template.format_map({"prompt": example.prompt, **example.row})
             except KeyError as e:
                 raise UserError(f"data.prompt_template uses field {e} which row {example.uid} lacks "
-                                f"(fields: {', '.join(example.row)})") from None
+                                f"(fields: {', '.join(map(str, example.row))})") from None
+            except (ValueError, TypeError, IndexError) as e:  # a format spec the row's value does not take
+                raise UserError(f"data.prompt_template does not format row {example.uid}: {e}") from None
         if example.messages is not None:
             return self._conversation(example)
         if not self.chat:
@@ -70,11 +72,7 @@ class PromptRenderer:
         messages.append({"role": "user", "content": example.prompt})
         tools = _row_tools(example)
         extra = {"tools": tools} if tools else {}
-        # Under a step bound: a template is a program from the model's files. Imported here, as reward
-        # workers import this module without transformers (models/__init__ loads it).
-        from ..models.chat_template import apply_template
-
-        return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
+        return self._render(messages, example, **extra)
 
     def _conversation(self, example: Example) -> str:
         if not self.chat or not getattr(self.tokenizer, "chat_template", None):
@@ -85,7 +83,22 @@ class PromptRenderer:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         tools = _row_tools(example)
         extra = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
+        return self._render(messages, example, **extra)
+
+    def _render(self, messages: list[dict[str, Any]], example: Example, **extra: Any) -> str:
+        # Under a step bound: a template is a program from the model's files. Imported here, as reward
+        # workers import this module without transformers (models/__init__ loads it).
+        from ..models.chat_template import apply_template
+
+        try:
+            return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
+        except Exception as e:
+            # One that refuses a row (raise_exception), breaks jinja's sandbox or is malformed is the
+            # model's fault or the data's, not ours: one line. Our own errors (UserError) pass through.
+            if isinstance(e, UserError) or not _template_error(e):
+                raise
+            raise UserError(f"the tokenizer's chat template refused row {example.uid}: {type(e).__name__}: {e}; "
+                            "set data.chat_template=false or data.prompt_template='...{question}...'") from None
 
     def ids(self, example: Example) -> list[int]:
         return self.encode(self.text(example))
@@ -101,6 +114,12 @@ class PromptRenderer:
         if self._longest is None:
             self._longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         return tokens * 2 * max(self._longest, 1)
+
+
+def _template_error(e: Exception) -> bool:
+    """Raised by the jinja chat template (TemplateError and its SecurityError), or transformers' word
+    on it (a ValueError: no template, a bad message list)."""
+    return type(e).__module__.startswith(("jinja2", "transformers")) or isinstance(e, ValueError)
 
 
 def _row_tools(example: Example) -> list[dict[str, Any]] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UserError
-from ..io import iter_jsonl, loads_bounded
+from ..io import jsonl_lines, loads_bounded, parse_row
 from .base import Example
 
 Located = list[tuple[str, dict[str, Any]]]  # (where the row is, e.g. "file.jsonl:12", row)
@@ -147,18 +147,22 @@ def read_hub(name: str, config: str | None, split: str) -> Located:
 
 
 def _read_jsonl(p: Path, skip_bad: bool, bad: list[int]) -> Located:
-    first_bad = len(bad)
-    rows = list(iter_jsonl(p, skip_bad=skip_bad, bad=bad))
-    # iter_jsonl skips blank and (optionally) malformed lines: recover each row's line number.
-    skip = set(bad[first_bad:])
-    with p.open(encoding="utf-8") as f:
-        lines = [n for n, line in enumerate(f, 1) if line.strip() and n not in skip]
-    return [(f"{p}:{n}", row) for n, row in zip(lines, rows)]
+    located = []
+    for n, line in jsonl_lines(p):
+        try:
+            located.append((f"{p}:{n}", parse_row(line)))
+        except ValueError as e:
+            if not skip_bad:
+                raise DataError(f"{p}:{n}: malformed JSON line ({e})") from None
+            bad.append(n)
+    return located
 
 
 def _read_json(p: Path) -> Located:
     try:
-        rows = loads_bounded(p.read_text(encoding="utf-8"))
+        rows = loads_bounded(p.read_text(encoding="utf-8"))  # undecodable bytes are a ValueError too
+    except RecursionError:
+        raise DataError(f"{p}: malformed JSON (nested too deeply)") from None
     except ValueError as e:
         raise DataError(f"{p}: malformed JSON ({e})") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
