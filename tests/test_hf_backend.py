@@ -134,7 +134,10 @@ def tiny_neox_dir(tmp_path, tiny_model_path):
 def test_one_rl_step_of_a_gpt_neox_model_on_auto(tmp_path, tiny_model_path):
     """The public path: a model the engine does not implement trains on the fallback, which says so."""
     lines = []
+    # A local model directory takes the pretrained profile (config/profiles.py): the tiny task's raw
+    # prompts and lengths are set back, as a user with a model without a chat template would.
     config = load_config(overrides=["train.steps=1", "eval.every=0", "generation.backend=auto", "algo.batch_groups=4",
+                                    "arithmetic.style=raw", "generation.max_new_tokens=8", "algo.lr=1e-4",
                                     f"model.name={tiny_neox_dir(tmp_path, tiny_model_path)}", "model.dtype=float32"],
                          flags={"run.run_dir": str(tmp_path / "run")})
     run_dir = train(config, log=lines.append, printer=lambda row: None)
