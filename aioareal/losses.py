@@ -3,7 +3,7 @@
 Pure functions of tensors (no model, no config), so each formula is unit-tested alone
 (tests/test_losses.py). Shapes: N sequences x T token positions; `adv` is (N,) per sequence or
 (N, T) per token. The objectives return *per-token* losses; `aggregate` reduces them with the
-loss mask, so a caller can add a KL term per token first (DESIGN rule 4).
+loss mask, so a caller can add a KL term per token first (docs/architecture.md rule 4).
 
 Nothing here syncs with the host (.item(), bool(tensor)): branching is on Python values only,
 and every data-dependent choice is a `torch.where`.

@@ -1,5 +1,5 @@
 """The one record a group of samples travels in, from admission through the engine and the scorer
-to the trainer (DESIGN "Terms"):
+to the trainer (docs/architecture.md#terms):
 
     orchestrator   Group(group_id, prompt_ids, size, example, admitted_version, admitted_at, cursor)
     engine         fills `samples`: one Sample per completion, tokens + behaviour log-probs + versions
@@ -8,7 +8,7 @@ to the trainer (DESIGN "Terms"):
 
 Evaluation and the benchmarks submit Groups too, with no example or with forced lengths.
 
-Episodes (DESIGN rule 9, episodes/) fill the same record over several turns: a completion's
+Episodes (docs/architecture.md rule 9, episodes/) fill the same record over several turns: a completion's
 `tokens` are everything after the prompt in order, the model's turns and the world's answers
 (observation tokens) interleaved; `turns` says which span is whose. Observation positions hold
 placeholders in `logprobs` (NaN) and `versions` (OBS_VERSION): they were never sampled, and
@@ -105,7 +105,7 @@ class Sample:
         return max(self.completion.model_versions)
 
     def staleness(self, trained_version: int) -> int:
-        """DESIGN: trained version minus the oldest version among the sample's tokens (the model's
+        """docs/architecture.md#terms: trained version minus the oldest version among the sample's tokens (the model's
         tokens: observations carry no version)."""
         return trained_version - self.version_min
 

@@ -1,7 +1,7 @@
 """`python -m aioareal bench`: each bench runs end to end on the tiny model at toy sizes, ends with one
 JSON line of its figures, and `--out` appends that line. Each line is checked once against its
 schema (bench_schema.py: exactly its keys, each of the right type and range); the rest asserts what
-the bench did. Timings are never asserted (STYLE 9)."""
+the bench did. Timings are never asserted (docs/performance.md: a speed claim is a command, not a test)."""
 import json
 from statistics import fmean
 

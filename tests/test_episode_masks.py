@@ -1,4 +1,4 @@
-"""Episodes in the trainer (DESIGN rule 9): observation tokens are context, never actions. Every
+"""Episodes in the trainer (docs/architecture.md rule 9): observation tokens are context, never actions. Every
 layout (padded, shared prompts, varlen, prefix tree) leaves them out of the loss, the advantage, the
 KL, the entropy and the log-prob gap, and the loss on hand-built multi-turn samples equals a plain
 reference written from the formula."""

@@ -1,4 +1,4 @@
-"""Episodes (DESIGN rule 9, episodes/): coroutines that ask the engine for turns and write the world's
+"""Episodes (docs/architecture.md rule 9, episodes/): coroutines that ask the engine for turns and write the world's
 answers as observation tokens into one record; whatever an episode does wrong is counted and scored
 0, and the others go on."""
 from __future__ import annotations

@@ -281,7 +281,7 @@ def test_smollm2_cache_equals_transformers_gguf_load(smollm2):
     assert ours.state_dict().keys() == theirs.keys()
     assert all(torch.equal(t, theirs[name]) for name, t in ours.state_dict().items())
     assert ours.lm_head.weight is ours.model.embed_tokens.weight
-    assert sum(p.numel() for p in ours.parameters()) == 134_515_008  # DESIGN.md: 134.5M
+    assert sum(p.numel() for p in ours.parameters()) == 134_515_008  # docs/architecture.md#reference-facts: 134.5M
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tools that cannot hurt the host (DESIGN rule 9): the calculator parses bounded arithmetic and
+"""Tools that cannot hurt the host (docs/architecture.md rule 9): the calculator parses bounded arithmetic and
 refuses everything else; a user's tool that raises, hangs or returns garbage is an error observation,
 counted, and the caller goes on."""
 from __future__ import annotations

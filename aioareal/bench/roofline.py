@@ -4,7 +4,7 @@ each sequence's KV cache up to its context, so tokens/s <= peak bandwidth / byte
 bytes per step = parameter bytes + batch * average context * KV bytes per token
 achieved bytes/s = (tokens/s / batch) * bytes per step
 
-(DESIGN reference facts: Qwen2.5-0.5B in bf16 reads 0.99 GB of weights and 12,288 bytes of KV cache
+(docs/architecture.md#reference-facts: Qwen2.5-0.5B in bf16 reads 0.99 GB of weights and 12,288 bytes of KV cache
 per token of context; an H100 at 3.35 TB/s tops out near 120k tokens/s at batch 64, 1k context.)
 
 Training is bounded by compute instead. Model-FLOPs utilisation (Kaplan et al. 2020, sec. 2.1;

@@ -1,5 +1,5 @@
 """Checkpoints: written to a temporary directory and renamed, so a crash leaves the previous one
-intact (DESIGN rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
+intact (docs/architecture.md rule 6). The policy is saved with `save_pretrained` (loads in transformers or vLLM
 as is); optimizer, scheduler, RNG states and the run's counters go beside it. A LoRA run also
 saves its adapter in PEFT format, and `policy/` holds the merged weights (models/lora.py).
 

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (DESIGN rule 9): an episode is a coroutine that asks the generator for model
+"""Multi-turn episodes (docs/architecture.md rule 9): an episode is a coroutine that asks the generator for model
 turns, appends the world's answers as observation tokens, and returns its reward."""
 from .builtin import BUILTIN
 from .codec import Codec, codec_for

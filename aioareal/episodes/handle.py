@@ -1,4 +1,4 @@
-"""What an episode holds: `gen`, its handle on one sample of its group (DESIGN rule 9).
+"""What an episode holds: `gen`, its handle on one sample of its group (docs/architecture.md rule 9).
 
     turn = await gen.turn(stop=["</calc>"])        # the model speaks until EOS, a stop string or its budget
     gen.observe(await gen.call("calculator", expr))  # the world answers: observation tokens, no loss

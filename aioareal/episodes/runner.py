@@ -1,4 +1,4 @@
-"""Running a group's episodes: G coroutines of one example, each filling its sample (DESIGN rule 9).
+"""Running a group's episodes: G coroutines of one example, each filling its sample (docs/architecture.md rule 9).
 
 An episode is any async callable `episode(example, gen) -> float | None` (a function, or a class
 instantiated once with no arguments whose instances are such callables), named by import path

@@ -13,7 +13,7 @@ work; a freed slot is refilled a step later, results come back a `step()` later.
 Weights belong to the model the engine wraps. When the trainer publishes a new version the
 engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
 default every running sequence's KV cache is recomputed under the new weights (AReaL's
-interruptible generation; DESIGN rule 3). Each step's output records the version it was
+interruptible generation; docs/architecture.md rule 3). Each step's output records the version it was
 launched under, so a token carries the version of the weights that produced it.
 
 Host syncs, all of them: per step, the wait for one step's sampled tokens (without overlap the

@@ -168,7 +168,8 @@ class FastForward:
                 slots: torch.Tensor, copies: int = 1) -> torch.Tensor:
         """Run right-padded prompts tokens (n, T) from position 0; write their K/V into `copies`
         consecutive rows of `slots` (n * copies,) each; return hidden states at each prompt's last
-        token (n, hidden). One forward serves a whole group (DESIGN: prefill once, share)."""
+        token (n, hidden). One forward serves a whole group (prefill once, share:
+        docs/architecture.md#performance-habits)."""
         n, t = tokens.shape
         pos = torch.arange(t, device=tokens.device).expand(n, t)
         valid = pos < lengths[:, None]  # (n, T)

@@ -4,7 +4,7 @@ A captured step replays the whole decode (all layers, sampling, state update) wi
 which is what makes small-model decoding fast: without it, kernel-launch latency dominates.
 Graphs hold raw pointers, so everything they read lives in persistent buffers (the engine's
 next-token/position/liveness tensors, the KV cache, the model's parameters), and weight sync
-copies into parameters in place (DESIGN rule 5).
+copies into parameters in place (docs/architecture.md rule 5).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ For an architecture the engine's decoder does not implement (families.py), `HFEn
 orchestrator through the engine's public interface (`submit`, `submit_turn`, `take_turns`, `step`,
 `adopt`, `idle`, `free`, `waiting`, `running`, `busy`, `version`, `tokens_generated`, `timer`,
 `stream`, `generator`), so admission, per-token versions and behaviour log-probs, interruption by
-version (docs/architecture.md#rules, rule 3), weight sync and episodes' turns work as they do on
+version (docs/architecture.md rule 3), weight sync and episodes' turns work as they do on
 the engine. The host side is the engine's own `Scheduler`; only the forward differs.
 
 Every logit comes from the model's `forward`, so whatever the model implements (its attention,

@@ -1,4 +1,4 @@
-"""Model turns: how the engine serves an episode (DESIGN rule 9; episodes/ asks for them).
+"""Model turns: how the engine serves an episode (docs/architecture.md rule 9; episodes/ asks for them).
 
 A `TurnRequest` continues some samples of a group: the prompt and every token so far (the model's
 earlier turns and the world's observations, all in the sample's completion) are prefilled, once for
@@ -16,7 +16,7 @@ step, dozens of steps in which the slot could have decoded another sequence, and
 would hold it until its timeout. A prefill of a short history costs about one decode step (all its
 tokens in one forward), so freeing wins unless histories are long and tools fast. It also keeps the
 version rule trivially right: the history is always prefilled by the weights that sample the next
-token, which is what the recompute rule (DESIGN rule 3) asks of an interrupted sequence, and a
+token, which is what the recompute rule (docs/architecture.md rule 3) asks of an interrupted sequence, and a
 weight update between two turns needs nothing else. Each model token records the version that
 sampled it; observation tokens record none (samples.OBS_VERSION).
 

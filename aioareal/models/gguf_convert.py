@@ -1,7 +1,7 @@
 """One GGUF file into a plain Hugging Face directory: dequantized weights in safetensors, its
 config, generation config and tokenizer (with the chat template the file carries).
 
-A GGUF file is data (DESIGN rule 10). The `gguf` package and transformers' GGUF reader parse it
+A GGUF file is data (docs/architecture.md rule 10). The `gguf` package and transformers' GGUF reader parse it
 with `struct` and numpy memory maps: fixed binary records, typed metadata values (numbers,
 strings, arrays), raw tensor bytes that numpy dequantizes. Nothing is unpickled and no Python
 from the file runs; the config is built from a fixed table of known metadata keys, and the chat

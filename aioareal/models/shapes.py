@@ -8,7 +8,7 @@ SHAPES: dict[str, dict] = {
     # ~0.8M parameters: trains and generates in milliseconds on a laptop CPU.
     "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0),
-    # Qwen2.5-0.5B(-Instruct), from its published config.json (see DESIGN.md reference facts).
+    # Qwen2.5-0.5B(-Instruct), from its published config.json (see docs/architecture.md#reference-facts).
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
                          vocab_size=151936),

@@ -1,4 +1,4 @@
-"""Admission and batching rules (DESIGN rules 1 and 2), as plain bookkeeping with no I/O.
+"""Admission and batching rules (docs/architecture.md rules 1 and 2), as plain bookkeeping with no I/O.
 
 Admission (AReaL, arXiv 2505.24298, eq. 3): with B groups per batch, policy version v and max
 staleness K, a new group may start only while accepted + running < (K + v + 1) * B.

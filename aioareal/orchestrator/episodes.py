@@ -1,4 +1,4 @@
-"""The generator for episodes (DESIGN rule 9): the engine's worker thread, driven by the turns the
+"""The generator for episodes (docs/architecture.md rule 9): the engine's worker thread, driven by the turns the
 episodes ask for. It keeps the GenerationWorker contract, so admission, the oldest-first buffer and
 staleness work exactly as for single completions: a group is G episodes of one example, handed back
 when the last one has returned.

@@ -2,7 +2,7 @@
 the trainer turns oldest-first batches into policy versions. They meet in the admission counters
 and the oldest-first buffer; weights flow through the weight sync the workers share.
 
-Modes (DESIGN "Modes"):
+Modes (README, Modes):
   sync      K = 0: a whole batch is generated, then trained; never both at once.
   one-step  K = 1: batch i+1 is generated (whole, under one version) while batch i trains.
   async     any K: slots are refilled one group at a time as they free up, and a new version is
@@ -62,7 +62,7 @@ class Orchestrator:
         self.score_counters = score_counters
         self.start_version = resume.step if resume else 0
         self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
-        self.admission.restore(self.start_version)  # DESIGN rule 1: counters follow from the version
+        self.admission.restore(self.start_version)  # docs/architecture.md rule 1: counters follow from the version
         self.buffer = OldestFirstBuffer()
         self.ledger = Ledger()
         self.reward_failures = 0
@@ -233,7 +233,7 @@ class Orchestrator:
 
     # -- trainer side ----------------------------------------------------------------------------
     async def _next_batch(self) -> tuple[list[Group], int]:
-        """B groups, oldest first; groups staler than K are dropped (DESIGN rule 2) and replaced."""
+        """B groups, oldest first; groups staler than K are dropped (docs/architecture.md rule 2) and replaced."""
         batch: list[Group] = []
         dropped = 0
         version = self.train.version

@@ -6,7 +6,7 @@ held-out evaluation (on the trainer's thread). They call through a `GuardedCalle
 in-process: the same timeout (`reward.timeout_s`), the same isolation (a bounded set of daemon threads
 for `reward.isolation=thread`; the worker pool, which kills and replaces a worker at the deadline, for
 `process`) and the same three outcomes (ok, timeout, error), so a function that hangs or runs out of
-memory there is a counted failure or a one-line error, never a hang (docs/architecture.md#rules, rule 8).
+memory there is a counted failure or a one-line error, never a hang (docs/architecture.md rule 8).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The process shape, decided once (DESIGN rule 7). A process is one *cell*: a generator device, a
+"""The process shape, decided once (docs/architecture.md rule 7). A process is one *cell*: a generator device, a
 trainer device, one event loop, one admission gate. `LocalCell` is the whole job in one process;
 `ShardedCell` (sharded_cell.py) is one torchrun rank's cell of a larger job, its trainer one FSDP2
 shard. `current_cell()` is the one place that asks which; setup, checkpoints, hooks and outputs ask

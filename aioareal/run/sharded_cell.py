@@ -1,4 +1,4 @@
-"""One torchrun rank's cell (DESIGN rule 7): what differs from `LocalCell` when a process is one of N.
+"""One torchrun rank's cell (docs/architecture.md rule 7): what differs from `LocalCell` when a process is one of N.
 
 The config a rank runs is the job's with `algo.batch_groups` divided by the number of ranks: each
 rank's admission gate, engine, buffer and trainer work on their B / N groups, exactly as one process

@@ -1,6 +1,6 @@
 """How the parts of a cell share hardware, on the virtual clock.
 
-A cell (DESIGN rule 7) is one generator, one trainer and one event loop. On one device (the CPU,
+A cell (docs/architecture.md rule 7) is one generator, one trainer and one event loop. On one device (the CPU,
 or one GPU holding both models) the two contend: while both work, each runs slower than alone by
 the profile's measured contention factor (processor sharing: a train step's remaining work drains
 at 1/factor while the generator decodes, at full speed while it idles). On two devices they do not

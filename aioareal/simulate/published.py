@@ -12,9 +12,9 @@ from .profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 
 N, SPAN = 256, 384  # the README's decode reference point: 256 sequences, 128-token prompts + 512 new (mean span 384)
 STEP = N / 51_943  # bench gen: engine 51,943 tok/s at 256 sequences -> 4.93 ms per decode step, all in
-WEIGHTS_READ = 0.99e9 / 3.35e12  # DESIGN reference facts: 0.99 GB per decode step, 3.35 TB/s
+WEIGHTS_READ = 0.99e9 / 3.35e12  # docs/architecture.md#reference-facts: 0.99 GB per decode step, 3.35 TB/s
 TRAIN_TOKEN = 200 / (35_148 * (64 + 200))  # bench train: 35,148 completion tok/s packed, 64-token prompts, mean 200
-PARAMS = 494_032_768  # Qwen2.5-0.5B, tied embeddings (DESIGN: 494M)
+PARAMS = 494_032_768  # Qwen2.5-0.5B, tied embeddings (docs/architecture.md#reference-facts: 494M)
 NON_EMBEDDING = 358e6  # Qwen2.5-0.5B model card: 0.36B non-embedding parameters
 ACHIEVED_FLOPS = 6 * PARAMS / TRAIN_TOKEN  # the trainer's achieved FLOP/s (fwd + bwd = 6 x params per token)
 

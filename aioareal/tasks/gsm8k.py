@@ -5,8 +5,9 @@ it to `GRPOTrainer(reward_funcs=[gsm8k_reward])` as is; the GSM8K task scores wi
 (`grade` for the reward service, which runs the rare symbolic checks in its worker pool).
 
 Rows come from a local file (JSONL, JSON list, Parquet, CSV) or the Hugging Face hub. The prompt is
-the question plus DESIGN's common instruction to box the answer (the chat template is applied by
-the renderer); the reference is the whole gold solution, whose `#### N` line the verifier extracts.
+the question plus the common instruction to box the answer (docs/architecture.md#reference-facts;
+the chat template is applied by the renderer); the reference is the whole gold solution, whose
+`#### N` line the verifier extracts.
 Without a separate eval file the held-out split is carved off a seeded shuffle of the rows.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Math answer equivalence: a numeric fast path in-process, math-verify in a worker process.
 
 Both sides are reduced to their final answer first (`answers.find_answer`; math-verify run on a
-whole GSM8K gold solution misreads 4 of the 1,319 test items, DESIGN reference facts). `grade`
+whole GSM8K gold solution misreads 4 of the 1,319 test items, docs/architecture.md#reference-facts). `grade`
 decides in-process whenever both answers read as numbers (compared as exact fractions to 6
 decimal places, absolute: a relative 1e-6 would accept 1450001 for GSM8K's 1,450,000, test item
 611), and whenever the completion has no single answer (none, a hedge, an empty final box). Only a

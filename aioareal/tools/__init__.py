@@ -1,4 +1,4 @@
-"""Tools for episodes (DESIGN rule 9): the calculator, users' tools by import path, and the box
+"""Tools for episodes (docs/architecture.md rule 9): the calculator, users' tools by import path, and the box
 that calls them under timeouts and turns every failure into a counted observation."""
 from .box import ERROR_PREFIX, Tool, ToolBox, ToolResult, ToolStats
 from .calculator import CalculatorError, calculate

@@ -16,7 +16,7 @@ call's seconds, not of its timeout).
 
 No tool here runs model-written code. One that would must run in a process of its own with no
 network, a time and memory limit and a scratch directory, and be off by default
-(docs/architecture.md#rules, rule 9).
+(docs/architecture.md rule 9).
 """
 from __future__ import annotations
 

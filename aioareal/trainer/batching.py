@@ -130,7 +130,7 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
     before = [[0.0] * (len(s.prompt_ids) - 1) for s in samples]  # targets that are prompt tokens
     after = [[0.0] * (width - len(r)) for r in rows]  # padding
     shape = (len(rows), width - 1)
-    # Episodes: observation tokens are targets of no loss term (DESIGN rule 9); None: all the model's.
+    # Episodes: observation tokens are targets of no loss term (docs/architecture.md rule 9); None: all the model's.
     models = [s.completion.model_mask() for s in samples]
     mask = torch.tensor([[False] * len(b) + ([True] * len(s.tokens) if m is None else m) + [False] * len(a)
                          for s, b, a, m in zip(samples, before, after, models)], dtype=torch.bool).reshape(shape)

@@ -1,5 +1,5 @@
 """The per-micro-batch objective: ppo | decoupled | dg, optionally truncated importance sampling on
-the engine/trainer mismatch (algo.tis_cap), plus the k3 KL penalty (DESIGN rule 4); and the
+the engine/trainer mismatch (algo.tis_cap), plus the k3 KL penalty (docs/architecture.md rule 4); and the
 statistics each micro-batch adds to the step's (behaviour weights, the engine/trainer log-prob gap).
 
 Loss math lives in `aioareal.losses` as pure functions; this module only picks and wires them.

@@ -19,7 +19,7 @@ def train_step(trainer: Trainer, groups: list[Group],
     """Train on a batch of B groups, bump the policy version, `publish` it (weightsync); returns
     the step's metrics with one `time_<phase>` entry per phase."""
     timer = PhaseTimer(trainer.device)
-    with timer("advantages", host=True):  # group-normalised rewards (DESIGN rule 4), one per sample
+    with timer("advantages", host=True):  # group-normalised rewards (docs/architecture.md rule 4), one per sample
         assign_advantages(groups, trainer.algo.adv_std_norm)
     with timer("pack", host=True):  # mini-batches of whole groups, packed into micro-batches by token budget
         minibatches = trainer.pack(groups)

@@ -145,7 +145,7 @@ class Trainer:
 
     @torch.no_grad()
     def fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
-        """pi_prox (the policy at the start of this step, DESIGN rule 4) and the reference policy."""
+        """pi_prox (the policy at the start of this step, docs/architecture.md rule 4) and the reference policy."""
         # algo.tis_cap needs the start-of-step log-probs of every token; with one update per step the
         # loss forward gives them itself (no update has happened yet), so only several updates pay a pass.
         several = self.algo.minibatches * self.algo.ppo_epochs > 1

@@ -1,4 +1,4 @@
-"""Weight sync from the trainer's master weights to the generator's copy (DESIGN rule 5).
+"""Weight sync from the trainer's master weights to the generator's copy (docs/architecture.md rule 5).
 
 `publish` (trainer thread) copies every parameter into a staging buffer on the generator's device
 with non-blocking copies on a dedicated stream, records an event and bumps the version. `apply`
