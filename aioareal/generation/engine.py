@@ -27,7 +27,6 @@ completed events. The rest (slots, lengths, limits, prompts) goes up by pinned n
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 
 import torch
 from transformers import PreTrainedModel
@@ -40,6 +39,7 @@ from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
 from .prefix import PrefixLayout, layout_of
+from .queue_front import QueueFront
 from .sampling import SamplingParams
 from .scheduler import Scheduler, same_size_runs
 from .sequence import Running
@@ -47,7 +47,7 @@ from .turns import TurnRequest
 from .upload import upload, upload_padded
 
 
-class Engine:
+class Engine(QueueFront):
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
                  params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
                  recompute_kv: bool = True, compile: bool = False, timed: bool = False,
@@ -98,49 +98,6 @@ class Engine:
             # The cache, the state tensors and maybe the model were just written on the caller's
             # stream (the trainer's thread builds engines for evaluation); ours must see them.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-
-    # -- queue (host state lives in the scheduler; these are what the orchestrator reads) ---------
-    @property
-    def free(self) -> list[int]:
-        return self.sched.free
-
-    @property
-    def waiting(self) -> deque[Group]:
-        return self.sched.waiting
-
-    @property
-    def running(self) -> dict[int, Running]:
-        return self.sched.running
-
-    @property
-    def tokens_generated(self) -> int:
-        return self.sched.tokens_generated
-
-    def submit(self, group: Group) -> None:
-        """Queue `group`: its `size` completions are sampled into `group.samples` and it comes back
-        from a later `step()` when every one has finished."""
-        if group.size > self.num_slots:
-            raise ValueError(f"a group of {group.size} samples cannot fit in {self.num_slots} slots")
-        if len(group.prompt_ids) + self.params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt of {len(group.prompt_ids)} tokens + {self.params.max_new_tokens} new "
-                             f"tokens exceeds the engine context of {self.max_len}")
-        if group.group_id in self.sched.unfinished or any(g.group_id == group.group_id for g in self.waiting):
-            raise ValueError(f"group id {group.group_id} is already in this engine")
-        self.waiting.append(group)
-
-    def submit_turn(self, turn: TurnRequest) -> None:
-        """Queue an episode's turn (turns.py); `take_turns` reports each of its sequences' end."""
-        turn.check(self.num_slots, self.max_len, self.params.max_new_tokens)
-        self.waiting.append(turn)
-
-    def take_turns(self) -> list[tuple[TurnRequest, int]]:
-        """The (turn, sample index) of every sequence whose turn ended since the last call."""
-        return self.sched.turns.take()
-
-    @property
-    def busy(self) -> bool:
-        """Work left (a step in flight with no running sequence holds only extra tokens: dropped unread)."""
-        return bool(self.waiting or self.running)
 
     # -- weights ---------------------------------------------------------------------------------
     def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..samples import Group
 from ..timing import PhaseTimer
 from .inflight import StepOutput
+from .queue_front import QueueFront
 from .sampling import SamplingParams, sample
 from .scheduler import Scheduler
 from .sequence import Running
@@ -44,7 +44,7 @@ class Cohort:
     next_tokens: torch.Tensor  # (rows,) sampled, recorded by the host, not yet in the cache
 
 
-class HFEngine:
+class HFEngine(QueueFront):
     """The engine's interface over the model's own forward (module docstring)."""
 
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
@@ -64,44 +64,6 @@ class HFEngine:
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-
-    # -- queue: the engine's (engine.py), kept by the same scheduler ----------------------------
-    @property
-    def free(self) -> list[int]:
-        return self.sched.free
-
-    @property
-    def waiting(self) -> deque[Group]:
-        return self.sched.waiting
-
-    @property
-    def running(self) -> dict[int, Running]:
-        return self.sched.running
-
-    @property
-    def tokens_generated(self) -> int:
-        return self.sched.tokens_generated
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    def submit(self, group: Group) -> None:
-        if group.size > self.num_slots:
-            raise ValueError(f"a group of {group.size} samples cannot fit in {self.num_slots} slots")
-        if len(group.prompt_ids) + self.params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt of {len(group.prompt_ids)} tokens + {self.params.max_new_tokens} new "
-                             f"tokens exceeds the engine context of {self.max_len}")
-        if group.group_id in self.sched.unfinished or any(g.group_id == group.group_id for g in self.waiting):
-            raise ValueError(f"group id {group.group_id} is already in this engine")
-        self.waiting.append(group)
-
-    def submit_turn(self, turn: TurnRequest) -> None:
-        turn.check(self.num_slots, self.max_len, self.params.max_new_tokens)
-        self.waiting.append(turn)
-
-    def take_turns(self) -> list[tuple[TurnRequest, int]]:
-        return self.sched.turns.take()
 
     # -- weights ---------------------------------------------------------------------------------
     def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
