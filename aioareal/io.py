@@ -108,18 +108,26 @@ def _depth(text: str) -> int:
     return deepest
 
 
+def row_at(line: str | None, where: str) -> dict[str, Any]:
+    """`parse_row`, its ValueError made the one-line DataError naming `where` (file:line)."""
+    try:
+        return parse_row(line)
+    except ValueError as e:
+        raise DataError(f"{where}: malformed JSON line ({e})") from None
+
+
 def iter_jsonl(path: str | Path, skip_bad: bool = False, bad: list[int] | None = None) -> Iterator[dict[str, Any]]:
     """Yield JSON objects from a JSONL file; a malformed line is an error naming file and line number."""
     path = Path(path)
     for lineno, line in jsonl_lines(path):
         try:
             row = parse_row(line)
-        except ValueError as e:
+        except ValueError:
             if skip_bad:
                 if bad is not None:
                     bad.append(lineno)
                 continue
-            raise DataError(f"{path}:{lineno}: malformed JSON line ({e})") from None
+            row = row_at(line, f"{path}:{lineno}")  # raises the line's one-line error
         yield row
 
 

@@ -70,7 +70,7 @@ def test_from_run_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no such file"):
         read_rows(tmp_path / "nowhere")
     (tmp_path / "bad.jsonl").write_text('{"completion": "x", "answer": "1"}\nnot json\n', encoding="utf-8")
-    with pytest.raises(UserError, match=r"bad\.jsonl:2: not a JSON row"):
+    with pytest.raises(UserError, match=r"bad\.jsonl:2: malformed JSON line"):
         read_rows(tmp_path / "bad.jsonl")
     assert main(["bench", "reward", "--from", str(tmp_path / "nowhere")]) == 2
     rows = read_rows(samples(tmp_path / "named", [{"text": "\\boxed{7}", "gold": "7"}]), "text", "gold")
@@ -108,8 +108,8 @@ def test_bench_reward_reads_grading_cases_from_a_folder(tmp_path: Path) -> None:
     ('{"class": "boxed", "gold": 18, "completion": "\\\\boxed{18}", "score": 1.0}', "expected a text field 'gold'"),
     ('{"class": "boxed", "gold": "18", "score": 1.0}', "expected a text field 'completion'"),
     ('{"class": "boxed", "gold": "18", "completion": "18", "score": true}', "'score' must be 1.0"),
-    ('["boxed", "18", "18", 1.0]', "expected a JSON object per line"),
-    ('{"class": "boxed", "gold": "18",', "not a JSON row"),
+    ('["boxed", "18", "18", 1.0]', r"malformed JSON line \(expected a JSON object, got list\)"),
+    ('{"class": "boxed", "gold": "18",', "malformed JSON line"),
 ])
 def test_a_bad_case_names_its_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     good = '{"class": "boxed", "gold": "18", "completion": "\\\\boxed{18}", "score": 1.0}'

@@ -10,11 +10,11 @@ reward` skips the agreement figures.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import UserError
+from ..io import row_at
 
 REPOSITORY_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "grading"
 CASE_FILES = ("grading_cases.jsonl", "final_answer_cases.jsonl")
@@ -63,12 +63,7 @@ def _read_cases(file: Path) -> list[Case]:
 
 
 def _case(line: str, where: str) -> Case:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not a JSON row ({e.msg})") from e
-    if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object per line")
+    row = row_at(line, where)
     for field in ("class", "gold", "completion"):
         if not isinstance(row.get(field), str):
             raise UserError(f"{where}: expected a text field {field!r}")

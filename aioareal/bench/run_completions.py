@@ -10,11 +10,11 @@ timeouts, so from the main thread); ours runs its rare symbolic checks in the wo
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..io import row_at
 
 SAMPLES_FILE = "samples.jsonl"
 _SHOWN = 100  # characters of a completion's end shown beside a disagreement
@@ -40,12 +40,7 @@ def read_rows(path: str | Path, completion_field: str = "completion",
 
 
 def _row(line: str, where: str, completion_field: str, answer_field: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where}: not a JSON row ({e.msg})") from e
-    if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object per line")
+    row = row_at(line, where)
     for field, what in ((completion_field, "the completion's text"), (answer_field, "the gold answer")):
         if not isinstance(row.get(field), str):
             raise UserError(f"{where}: no text field {field!r} ({what}); this run's samples.jsonl does not record "
