@@ -9,10 +9,13 @@ with `mkldnn._linear_pointwise`, which computes what `F.linear` does, to the bit
 weights change only when the engine adopts a new version: `drop()` then, and each weight is packed
 again at its next use, once per version rather than once per decode step.
 
-On: the CPU, bf16 weights (fp32's kernels do not reorder as much), oneDNN present, eager decoding
-(a compiled decode step traces F.linear). Elsewhere every call is plain `F.linear`.
+On: the CPU, bf16 weights (fp32's kernels do not reorder as much), oneDNN present with a bf16
+reorder for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only CPU has none and torch raises),
+eager decoding (a compiled decode step traces F.linear). Elsewhere every call is plain `F.linear`.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +28,13 @@ def packing_pays(weight: torch.Tensor, compiled: bool) -> bool:
             and torch.backends.mkldnn.is_available() and _ops_present())
 
 
+@functools.cache
 def _ops_present() -> bool:
+    """The packing ops exist and this CPU can run them in bf16 (tried once on a small weight)."""
     try:
-        return hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        probe = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 16, dtype=torch.bfloat16), probe, None, "none", [], "")
+        return True
     except (AttributeError, RuntimeError):
         return False
 
