@@ -127,6 +127,8 @@ def build(args: argparse.Namespace, config: Config, device: torch.device, dtype:
     engine = build_engine(config, gen_model, eos_ids(gen_model), max_len, compile=args.compile)
     models = Models(gen_model, train_model, None, dtype)
     trainer = build_trainer(config, models, train_model.config.pad_token_id or 0)
+    # A bench forces lengths past EOS on random weights: it reports the gap, it is no run to stop.
+    trainer.max_logprob_gap = math.inf
     generator, trainer_worker = build_workers(engine, trainer, gen_model, lambda: {})
     return ForcedLengths(generator, draw, args.seed), trainer_worker
 

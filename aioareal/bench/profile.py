@@ -12,6 +12,7 @@ file keeps the points, so a reader can judge the fit.
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import random
 from pathlib import Path
@@ -67,6 +68,8 @@ def build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) ->
         raise UserError(f"--prompt-len + --max-new-tokens = {max_len}: profile needs at least {2 * PROFILE_NEW_TOKENS}")
     engine = build_engine(config, gen_model, eos_ids(gen_model), max_len, compile=args.compile)
     trainer = build_trainer(config, Models(gen_model, train_model, None, dtype), train_model.config.pad_token_id or 0)
+    # A bench forces lengths past EOS on random weights: it reports the gap, it is no run to stop.
+    trainer.max_logprob_gap = math.inf
     generator, trainer_worker = build_workers(engine, trainer, gen_model, lambda: {})
     params = sum(p.numel() for p in train_model.parameters())
     return generator, trainer_worker, max_len, params
