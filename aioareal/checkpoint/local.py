@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..distributed.world import is_collective_failure
 from ..errors import UserError, one_line
 from ..io import atomic_write_text
 from ..models import lora
@@ -174,7 +175,7 @@ def cleaned_on_failure(tmp: Path, step: int) -> Iterator[None]:
         yield
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, UserError):
+        if isinstance(e, UserError) or is_collective_failure(e):  # a peer rank gone: the caller names it
             raise
         reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
         raise UserError(f"checkpoint step {step} could not be written under {tmp.parent} ({type(e).__name__}: "
