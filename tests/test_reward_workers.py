@@ -15,6 +15,7 @@ from pathlib import Path
 import bench_schema
 import gsm8k_data
 import pytest
+from loop_gaps import with_longest_gap
 
 from aioareal.cli import main
 from aioareal.config import load_config
@@ -120,19 +121,7 @@ def test_pathological_completions_return_in_time_while_the_loop_ticks(pool: Work
         return time.monotonic() - start, result
 
     async def go() -> tuple[list, float]:
-        gaps, stop = [0.0], asyncio.Event()
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while not stop.is_set():
-                await asyncio.sleep(0.01)
-                gaps.append(time.monotonic() - last)
-                last = time.monotonic()
-        ticker = asyncio.create_task(tick())
-        results = await asyncio.gather(*(timed_call(i) for i in range(good)))
-        stop.set()
-        await ticker
-        return results, max(gaps)
+        return await with_longest_gap(asyncio.gather(*(timed_call(i) for i in range(good))))
 
     results, worst_gap = asyncio.run(go())
     durations = {name: round(seconds, 2) for name, (seconds, _) in zip(_pathological(), results)}
