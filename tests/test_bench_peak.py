@@ -129,6 +129,9 @@ def test_phase_fields_divide_by_the_peak_of_the_phase_dtype():
                                                             "x_roofline_frac": 0.04, "x_bound": "compute"}
     assert phase_fields("x", 8e9, 2.0, torch.float16, p) == {"x_gflops": 4.0, "x_peak_frac": None, **no_roof}
     assert phase_fields("x", 8e9, 0.0, torch.float32, p) == {"x_gflops": None, "x_peak_frac": None, **no_roof}
+    # A timed phase that counted no work (async decoded every timed batch in the warm-up) has no roofline.
+    assert phase_fields("x", 0, 2.0, torch.float32, p, bytes_moved=0) == {"x_gflops": 0.0, "x_peak_frac": 0.0,
+                                                                         **no_roof}
 
 
 def test_the_roofline_is_the_lower_ceiling_of_compute_and_bandwidth():

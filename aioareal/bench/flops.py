@@ -58,12 +58,13 @@ def phase_fields(name: str, flops: float, seconds: float | None, dtype: torch.dt
     phase's matmuls run in); None where the phase took no time or no peak is known for the dtype.
     `{name}_roofline_frac`: the phase's roofline time over its time, the roofline being the longer of
     its FLOPs at the matmul peak and `bytes_moved` at the memory bandwidth (the lower ceiling binds),
-    and `{name}_bound` which of the two it is ("compute" or "memory")."""
+    and `{name}_bound` which of the two it is ("compute" or "memory"); both None where the phase
+    counted no work (async can decode every timed batch during the warm-up)."""
     gflops = flops / seconds / 1e9 if seconds else None
     peak = peaks.of(dtype) if dtype is not None else None
     limits = {"compute": flops / (peak * 1e9) if peak else None,
               "memory": bytes_moved / (peaks.gbps * 1e9) if bytes_moved is not None and peaks.gbps else None}
-    known = {k: v for k, v in limits.items() if v is not None}
+    known = {k: v for k, v in limits.items() if v}
     bound = max(known, key=known.__getitem__) if known and seconds else None
     return {f"{name}_gflops": gflops, f"{name}_peak_frac": gflops / peak if gflops is not None and peak else None,
             f"{name}_roofline_frac": known[bound] / seconds if bound else None, f"{name}_bound": bound}
