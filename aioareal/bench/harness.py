@@ -1,5 +1,6 @@
 """What every benchmark shares: device and model selection, timing, medians, peak memory, and the
-one JSON line that ends each run (docs/architecture.md#performance-habits: a speed claim is a command with its baseline in the same run).
+one JSON line that ends each run (docs/architecture.md#performance-habits: a speed claim is a
+command that measures it against its baseline in the same run).
 
 Timing brackets a whole call with `torch.cuda.synchronize()` on CUDA (the work may be queued on any
 stream, the engine's own included), so a figure is wall-clock time of finished work.
