@@ -48,10 +48,11 @@ def test_greedy_matches_argmax_of_full_forward():
 
 def test_same_seed_same_samples():
     outs = []
-    for _ in range(2):
-        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6), seed=5)
+    for seed in (5, 5, 6):  # the same seed twice; another, which must draw differently (the seed is used)
+        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6),
+                        seed=seed)
         outs.append([c.tokens for r in generate(engine, random_groups([2] * 4)) for c in r.completions])
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] and outs[0] != outs[2]
 
 
 def test_sampling_distribution_and_top_p():

@@ -111,10 +111,12 @@ def test_a_grading_thread_leaves_the_event_loop_running() -> None:
         await worker
         return gap
 
+    # A freeze is seconds on these texts; the bound is generous for a loaded 2-core machine (the
+    # loop wakes every millisecond), and a second measurement lets a busy spell pass.
     gaps = [asyncio.run(main())]
-    if gaps[0] >= 0.1:  # measured again once: a busy machine's pause passes, a grader's freeze repeats
+    if gaps[0] >= 0.5:
         gaps.append(asyncio.run(main()))
-    assert min(gaps) < 0.1, f"the event loop stopped for {min(gaps):.3f} s"
+    assert min(gaps) < 0.5, f"the event loop stopped for {min(gaps):.3f} s"
 
 
 @given(st.text(max_size=200), st.integers(0, 3 * MAX_CHARS))

@@ -149,10 +149,13 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(tmp_path, monkeypatch)
 
 
 def test_reward_faults_score_zero_and_are_counted():
+    release, hang_returned = threading.Event(), threading.Event()
+
     def scorer(texts, examples):
         mode = examples[0].answer
         if mode == "hang":
-            time.sleep(2)
+            release.wait(60)
+            hang_returned.set()
         if mode == "raise":
             raise ValueError("verifier bug")
         if mode == "garbage":
@@ -168,9 +171,11 @@ def test_reward_faults_score_zero_and_are_counted():
         return await asyncio.gather(*(service.score([[1]] * 4, ex(m)) for m in
                                       ("ok", "hang", "raise", "garbage", "short")))
 
-    started = time.monotonic()
-    results = asyncio.run(go())
-    assert time.monotonic() - started < 1.5  # the hung verifier did not stall the others
+    try:
+        results = asyncio.run(go())
+        assert not hang_returned.is_set()  # every call came back while the hung verifier still hung
+    finally:
+        release.set()
     assert results[0] == ([1.0] * 4, 0)
     assert results[1] == ([0.0] * 4, 4) and results[2] == ([0.0] * 4, 4)
     assert results[3] == ([0.0, 0.0, 0.0, 1.0], 3) and results[4] == ([0.0] * 4, 4)
@@ -210,10 +215,12 @@ def test_second_ctrl_c_exits_at_once(tmp_path, tiny_model_path):
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    started = time.monotonic()
-    assert proc.wait(timeout=30) == 130
-    assert time.monotonic() - started < 10
-    assert "finishing the current step" in proc.stderr.read()
+    assert proc.wait(timeout=120) == 130  # a hang guard, not a speed bound
+    err = proc.stderr.read()
+    assert "finishing the current step" in err and "exiting now" in err
+    # At once: the step the first Ctrl-C asked to finish never reached the metrics.
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows) == 1, [r["step"] for r in rows]
 
 
 def test_same_seed_same_metrics_in_sync_mode(tmp_path):
