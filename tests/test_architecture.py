@@ -18,8 +18,9 @@ LAYERS = [
     ["aioareal.config"],
     ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
     ["aioareal.models"],
-    ["aioareal.rewards"],  # the service and its worker processes (the grader runs in them)
+    ["aioareal.isolation"],  # threads and worker processes for code that may hang: verifiers, reward functions, tools
     ["aioareal.tasks", "aioareal.prompts"],
+    ["aioareal.rewards"],  # the reward service: a group scored under one deadline, failures counted
     ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
     ["aioareal.samples"],  # the Group record: an example in, completions, rewards, advantages
     ["aioareal.generation"],
@@ -184,7 +185,7 @@ def test_the_layer_check_sees_an_upward_import():
     graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
                                        "aioareal.losses": "aioareal/trainer/step.py:10"},
              "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
-    assert upward_imports(graph) == ["aioareal.trainer.step (layer 12) imports aioareal.run.build (layer 15) "
+    assert upward_imports(graph) == ["aioareal.trainer.step (layer 13) imports aioareal.run.build (layer 16) "
                                      "at aioareal/trainer/step.py:9"]
 
 

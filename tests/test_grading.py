@@ -10,7 +10,7 @@ import pytest
 from gsm8k_data import GSM8KTest
 
 from aioareal.bench.cases import REPOSITORY_DIR, load_cases
-from aioareal.rewards.pool import Deferred
+from aioareal.isolation.pool import Deferred
 from aioareal.tasks.answers import find_answer
 from aioareal.tasks.gsm8k import gsm8k_reward
 from aioareal.tasks.numbers import NumberTooLong, read_span

@@ -10,7 +10,7 @@ import pytest
 from gsm8k_data import FULL_TEST_ITEMS, SLICE, GSM8KTest
 
 from aioareal.errors import DataError, UserError
-from aioareal.rewards.pool import shared_pool
+from aioareal.isolation.pool import shared_pool
 from aioareal.tasks import verify as verify_mod
 from aioareal.tasks.answers import extract_answer, normalize_number
 from aioareal.tasks.base import Example, Task

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..rewards.pool import WorkerPool
+    from ..isolation.pool import WorkerPool
     from ..tasks.verify import SYMBOLIC_MODULE
     from .run_completions import run_from
 
@@ -140,7 +140,7 @@ def _single(golds: list[str], texts: list[str]) -> None:
 
 def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
     """Chunks graded in worker processes; the rare symbolic checks they hand back run in the pool too."""
-    from ..rewards.pool import Deferred
+    from ..isolation.pool import Deferred
 
     futures = [pool.submit("aioareal.tasks.verify:grade_batch", (golds[i:i + chunk], texts[i:i + chunk]), 120.0)
                for i in range(0, len(texts), chunk)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..errors import ConfigError
-from ..rewards.guarded import GuardedCaller
+from ..isolation.guarded import GuardedCaller
 from .arithmetic import ArithmeticTask
 from .base import Example, PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions

@@ -20,7 +20,7 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-from ..rewards.pool import Deferred, shared_pool
+from ..isolation.pool import Deferred, shared_pool
 from .answers import find_answer
 from .numbers import Reading, read_span
 

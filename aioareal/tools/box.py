@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..rewards.threads import BoundedThreads, Saturated
+from ..isolation.threads import BoundedThreads, Saturated
 from .loop import ToolLoop
 
 ToolFn = Callable[[str], "Awaitable[str] | str"]
