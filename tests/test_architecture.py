@@ -19,6 +19,7 @@ LAYERS = [
     ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
     ["aioareal.models"],
     ["aioareal.isolation"],  # threads and worker processes for code that may hang: verifiers, reward functions, tools
+    ["aioareal.grading"],  # the GSM8K answer reader: the final answer, read as a number, checked
     ["aioareal.tasks", "aioareal.prompts"],
     ["aioareal.rewards"],  # the reward service: a group scored under one deadline, failures counted
     ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
@@ -185,7 +186,7 @@ def test_the_layer_check_sees_an_upward_import():
     graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
                                        "aioareal.losses": "aioareal/trainer/step.py:10"},
              "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
-    assert upward_imports(graph) == ["aioareal.trainer.step (layer 13) imports aioareal.run.build (layer 16) "
+    assert upward_imports(graph) == ["aioareal.trainer.step (layer 14) imports aioareal.run.build (layer 17) "
                                      "at aioareal/trainer/step.py:9"]
 
 

@@ -19,13 +19,13 @@ from loop_gaps import with_longest_gap
 
 from aioareal.cli import main
 from aioareal.config import load_config
+from aioareal.grading.verify import SYMBOLIC_MODULE, grade
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
 from aioareal.tasks import build_scorer, build_task
 from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tasks.scoring import GradedScorer
-from aioareal.tasks.verify import SYMBOLIC_MODULE, grade
 
 REPO = Path(__file__).resolve().parents[1]
 

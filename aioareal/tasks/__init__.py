@@ -42,7 +42,7 @@ def build_scorer(config: Config, task: Task) -> BatchScorer:
         return WeightedRewards(load_reward_functions(r.functions), r.weights)
     grade = getattr(task, "grade", None)
     if grade is not None:
-        from .verify import SYMBOLIC_MODULE
+        from ..grading.verify import SYMBOLIC_MODULE
 
         return GradedScorer(grade, (SYMBOLIC_MODULE,))
     return per_item(task.score)
