@@ -37,10 +37,10 @@ from typing import Any
 from ..errors import UserError
 from ..isolation.guarded import GuardedCaller
 from ..isolation.pool import Deferred, Outcome
+from ..usercode import first_line as _first_line
+from ..usercode import resolve_spec
+from ..usercode import user_frame as _user_frame
 from .base import Example, Task
-from .imports import first_line as _first_line
-from .imports import resolve_spec
-from .imports import user_frame as _user_frame
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns

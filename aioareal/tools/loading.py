@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 
 from ..errors import ConfigError, UserError
-from ..tasks.imports import resolve_spec
+from ..usercode import resolve_spec
 from .box import Tool, ToolBox
 from .calculator import calculate
 
