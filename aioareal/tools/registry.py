@@ -7,8 +7,8 @@ import inspect
 
 from ..errors import ConfigError, UserError
 from ..usercode import resolve_spec
-from .box import Tool, ToolBox
 from .calculator import calculate
+from .toolbox import Tool, ToolBox
 
 BUILTIN = {"calculator": calculate}
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..isolation.threads import BoundedThreads, Saturated
-from .loop import ToolLoop
+from .tool_loop import ToolLoop
 
 ToolFn = Callable[[str], "Awaitable[str] | str"]
 ERROR_PREFIX = "error: "
