@@ -57,7 +57,7 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
-    from .checkpoint.resume import check_unchanged, resume_config, resume_target
+    from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
     from .run.cell import cell_for
     from .run.recipe import train
     from .run.resume import resume

@@ -4,7 +4,7 @@ Scores each target (targets.py: a run, a checkpoint, a model) on the held-out pr
 data keys: one greedy completion per prompt, and with -n K also K sampled ones, on the generation
 engine, through the reward service (evaluate/rollout.py). Prints one table, the targets side by side
 (`eval BASE RUN`: before and after), writes every completion to OUT/eval.jsonl and the figures to
-OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/metrics.py;
+OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/pass_at_k.py;
 docs/evaluate.md says what each means."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..config import Config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..evaluate.answers import answer_reader
-from ..evaluate.metrics import PromptVerdicts, completion_figures, sampled_figures
+from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, sampled_figures
 from ..evaluate.rollout import Scored, generate, score
 from ..generation import SamplingParams
 from ..io import append_jsonl, atomic_write_text
