@@ -25,7 +25,7 @@ from ..io import append_jsonl, atomic_write_text
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..run.build import build_data, build_rewards, encode_prompts
 from ..tasks import PromptRenderer
-from .report import Progress, json_line, table
+from .eval_report import Progress, json_line, table
 from .targets import Target, model_source, resolve, target_config
 
 OVERRIDE = re.compile(r"[a-z_]+\.[a-z_0-9]+=")  # section.key=value, as training takes it
