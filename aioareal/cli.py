@@ -57,7 +57,7 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
-    from .checkpoint.resume import check_unchanged, resume_config, resume_target
+    from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
     from .run.cell import cell_for
     from .run.recipe import train
     from .run.resume import resume
@@ -81,7 +81,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def profile_note(args: argparse.Namespace) -> None:
     """Say so when a pretrained model took the `pretrained` defaults profile (config/profiles.py)."""
-    from .config.loading import load_with_sources
+    from .config.layering import load_with_sources
 
     config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
     taken = [k for k, source in sources.items() if source.startswith("profile")]
@@ -130,7 +130,7 @@ def cmd_config(argv: list[str]) -> int:
 
 
 def print_sources(args: argparse.Namespace) -> None:
-    from .config.loading import load_with_sources, to_dict
+    from .config.layering import load_with_sources, to_dict
 
     config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
     values = to_dict(config)
@@ -143,7 +143,7 @@ def print_sources(args: argparse.Namespace) -> None:
 def print_keys(section: str = "") -> None:
     import dataclasses
 
-    from .config.loading import section_types
+    from .config.layering import section_types
     from .errors import UserError
 
     sections = section_types()

@@ -224,7 +224,7 @@ def test_head_bench_times_both_paths_and_reports_their_peaks(capsys, tmp_path):
 def test_profile_writes_a_profile_that_simulate_reads(capsys, tmp_path):
     """`bench profile` at a toy size (the check of its predictions against `bench e2e` is a command,
     .ci/simulate-check, not a test: it is a timing)."""
-    from aioareal.simulate.profile import load_profile
+    from aioareal.simulate.cost_profile import load_profile
 
     path = tmp_path / "profile.json"
     r = run_bench(capsys, tmp_path, "profile", "--batch-groups", "2", "--group-size", "2", "--prompt-len", "16",

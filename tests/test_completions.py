@@ -17,7 +17,7 @@ from aioareal.cli import main
 from aioareal.monitor.completions import select
 from aioareal.monitor.dashboard import render
 from aioareal.monitor.live import LiveState
-from aioareal.orchestrator.report import PROMPT_TEXT_CHARS, clip_text, sample_rows
+from aioareal.orchestrator.step_report import PROMPT_TEXT_CHARS, clip_text, sample_rows
 from aioareal.rewards.service import RewardService
 from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from aioareal.checkpoint import RunState
-from aioareal.checkpoint.resume import resume_target
+from aioareal.checkpoint.resume_plan import resume_target
 from aioareal.checkpoint.safe_reader import check_shards, read_metadata
 from aioareal.checkpoint.safeload import UnsafeFile
 from aioareal.checkpoint.sharded import rank_state

@@ -15,7 +15,7 @@ import pytest
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.run.recipe import train
-from aioareal.use.report import Progress, json_line, table
+from aioareal.use.eval_report import Progress, json_line, table
 
 N, PROMPTS = 4, 6
 

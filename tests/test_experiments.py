@@ -16,7 +16,7 @@ from aioareal.cli import main
 from aioareal.errors import UserError
 from aioareal.experiments.load import choose_threshold, configuration_labels, load_runs
 from aioareal.experiments.plots import FILES, plot_sweep
-from aioareal.experiments.report import summarise, write_report
+from aioareal.experiments.study_report import summarise, write_report
 
 # run name -> (mode, K, seed, time per step 0..4, eval pass rate at steps 0/2/4, staleness per step 1..4,
 #              (groups_admitted, groups_dropped_stale, groups_in_flight) at the last step)
@@ -161,7 +161,7 @@ def test_no_runs_is_a_user_error(tmp_path):
 
 def test_diagnostics_average_steps_then_seeds_and_skip_absent_metrics(sweep):
     from aioareal.experiments.load import by_configuration
-    from aioareal.experiments.report import diagnostics
+    from aioareal.experiments.study_report import diagnostics
 
     groups = by_configuration(load_runs(sweep))
     # capped_frac logged by the async runs only (as decoupled logs it and ppo does not); step 0 has none.

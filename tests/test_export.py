@@ -15,7 +15,7 @@ import torch
 from aioareal.cli import main
 from aioareal.models import gguf as gguf_cache
 from aioareal.models import load_model, load_tokenizer
-from aioareal.models.loading import resolve_source
+from aioareal.models.load_policy import resolve_source
 
 gguf = pytest.importorskip("gguf")
 from gguf_tiny import write_tiny_gguf  # noqa: E402

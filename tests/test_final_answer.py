@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.tasks.answers import find_answer
-from aioareal.tasks.boxes import scan
-from aioareal.tasks.number_words import last_words, read_words
-from aioareal.tasks.numbers import read_last, read_span
-from aioareal.tasks.quantities import read_quantity
-from aioareal.tasks.trailers import is_trailer, strip_trailers
-from aioareal.tasks.verify import grade
+from aioareal.grading.boxes import scan
+from aioareal.grading.final_answer import find_answer
+from aioareal.grading.number_words import last_words, read_words
+from aioareal.grading.numbers import read_last, read_span
+from aioareal.grading.quantities import read_quantity
+from aioareal.grading.trailers import is_trailer, strip_trailers
+from aioareal.grading.verify import grade
 
 PROPS = settings(deadline=None, max_examples=60, derandomize=True)
 _UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from aioareal.checkpoint import load_state
 from aioareal.config import known_keys, load_config
-from aioareal.config.loading import section_types
+from aioareal.config.layering import section_types
 from aioareal.errors import guarded
 from aioareal.experiments.load import read_config, read_frame
 from aioareal.experiments.sweep import plan

@@ -20,7 +20,7 @@ from aioareal.errors import UserError
 from aioareal.generation.families import unsupported_reason
 from aioareal.models import eos_token_ids, gguf_convert, load_model, load_tokenizer, named
 from aioareal.models import gguf as gguf_cache
-from aioareal.models.loading import resolve_source
+from aioareal.models.load_policy import resolve_source
 
 pytest.importorskip("gguf")
 from gguf_tiny import CHAT_TEMPLATE, write_tiny_gguf  # noqa: E402

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from aioareal.errors import UserError
 from aioareal.models import gguf_convert, named
 from aioareal.models.gguf_header import check_gguf_header
-from aioareal.models.loading import resolve_source
+from aioareal.models.load_policy import resolve_source
 
 pytest.importorskip("gguf")
 from gguf_tiny import write_tiny_gguf  # noqa: E402

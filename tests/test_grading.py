@@ -10,11 +10,11 @@ import pytest
 from gsm8k_data import GSM8KTest
 
 from aioareal.bench.cases import REPOSITORY_DIR, load_cases
-from aioareal.rewards.pool import Deferred
-from aioareal.tasks.answers import find_answer
+from aioareal.grading.final_answer import find_answer
+from aioareal.grading.numbers import NumberTooLong, read_span
+from aioareal.grading.verify import grade, grade_batch, grade_now
+from aioareal.isolation.pool import Deferred
 from aioareal.tasks.gsm8k import gsm8k_reward
-from aioareal.tasks.numbers import NumberTooLong, read_span
-from aioareal.tasks.verify import grade, grade_batch, grade_now
 
 CASES = load_cases(REPOSITORY_DIR)
 

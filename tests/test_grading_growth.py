@@ -16,8 +16,8 @@ import time
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
-from aioareal.tasks.answers import MAX_CHARS, capped, find_answer
-from aioareal.tasks.verify import grade
+from aioareal.grading.final_answer import MAX_CHARS, capped, find_answer
+from aioareal.grading.verify import grade
 
 # What the rules read, and what makes a backtracking pattern try again: each token is a pump part.
 TOKENS = (" ", "  ", "\t", "\n", " \n", "*", "**", "answer", "answer is", "Answer:", "The answer is", "is", "not",

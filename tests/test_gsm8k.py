@@ -9,12 +9,12 @@ import pytest
 from gsm8k_data import FULL_TEST_ITEMS, SLICE, GSM8KTest
 
 from aioareal.errors import DataError, UserError
-from aioareal.rewards.pool import shared_pool
-from aioareal.tasks import verify as verify_mod
-from aioareal.tasks.answers import extract_answer, normalize_number
+from aioareal.grading import verify as verify_mod
+from aioareal.grading.final_answer import extract_answer, normalize_number
+from aioareal.grading.verify import math_equal, verify_failures
+from aioareal.isolation.pool import shared_pool
 from aioareal.tasks.base import Example, Task
 from aioareal.tasks.gsm8k import INSTRUCTION, GSM8KTask
-from aioareal.tasks.verify import math_equal, verify_failures
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

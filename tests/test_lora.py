@@ -17,7 +17,7 @@ from aioareal.models import lora
 from aioareal.samples import Completion, Group, Sample
 from aioareal.trainer import Trainer, train_step
 from aioareal.weightsync.full import WeightSync
-from aioareal.weightsync.lora import LoraSync
+from aioareal.weightsync.merged_lora import LoraSync
 
 peft = pytest.importorskip("peft")  # aioareal imports peft only when a run asks for LoRA
 CPU = torch.device("cpu")

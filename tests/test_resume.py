@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aioareal import checkpoint
-from aioareal.checkpoint.resume import resume_config
+from aioareal.checkpoint.resume_plan import resume_config
 from aioareal.errors import UserError
 
 STEPS = 8

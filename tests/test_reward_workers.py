@@ -19,13 +19,13 @@ from loop_gaps import with_longest_gap
 
 from aioareal.cli import main
 from aioareal.config import load_config
-from aioareal.rewards.pool import WorkerPool
+from aioareal.grading.verify import SYMBOLIC_MODULE, grade
+from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
 from aioareal.tasks import build_scorer, build_task
 from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tasks.scoring import GradedScorer
-from aioareal.tasks.verify import SYMBOLIC_MODULE, grade
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_workers_import_neither_torch_nor_transformers(pool: WorkerPool) -> None
 
 
 def test_no_worker_outlives_its_interpreter() -> None:
-    script = ("from aioareal.rewards.pool import WorkerPool\n"
+    script = ("from aioareal.isolation.pool import WorkerPool\n"
               "p = WorkerPool(2); assert p.wait_ready(60); print(*p.pids(), flush=True)\n")
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     pids = [int(x) for x in out.stdout.split()]

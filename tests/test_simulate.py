@@ -10,10 +10,8 @@ import pytest
 
 from aioareal.cli import main
 from aioareal.errors import UserError
-from aioareal.simulate.cell import Device, Topology
-from aioareal.simulate.gpus import GPUS, derive
-from aioareal.simulate.lengths import length_sampler, sampler
-from aioareal.simulate.profile import (
+from aioareal.simulate.contention import Device, Topology
+from aioareal.simulate.cost_profile import (
     Contention,
     DecodeCost,
     PrefillCost,
@@ -23,8 +21,10 @@ from aioareal.simulate.profile import (
     load_profile,
     profile_from_dict,
 )
+from aioareal.simulate.gpus import GPUS, derive
+from aioareal.simulate.lengths import length_sampler, sampler
 from aioareal.simulate.published import readme_h100
-from aioareal.simulate.runner import Setting, simulate
+from aioareal.simulate.simulated_run import Setting, simulate
 from aioareal.simulate.virtualclock import run_virtual
 
 

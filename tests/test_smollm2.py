@@ -17,7 +17,7 @@ from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, SamplingParams
 from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
-from aioareal.models.loading import resolve_source
+from aioareal.models.load_policy import resolve_source
 from aioareal.run.recipe import train
 from aioareal.samples import Group
 

@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from aioareal.config import load_config
-from aioareal.config.loading import ConfigError
+from aioareal.config.layering import ConfigError
 from aioareal.models import random_model
 from aioareal.run.build import build_models, build_trainer
 from aioareal.samples import Completion, Group, Sample

@@ -20,7 +20,7 @@ from loop_gaps import with_longest_gap
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
-from aioareal.rewards.pool import WorkerPool
+from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import build_evaluator
 from aioareal.run.evaluation import EvalSet
@@ -195,7 +195,7 @@ def test_a_reward_that_allocates_past_the_memory_limit_is_a_counted_error(tmp_pa
 
 
 def test_bounded_threads_queue_work_beyond_the_limit_and_refuse_only_when_all_are_stuck() -> None:
-    from aioareal.rewards.threads import BoundedThreads, Saturated
+    from aioareal.isolation.threads import BoundedThreads, Saturated
 
     threads = BoundedThreads(3, "test")
     quick = [threads.submit(lambda i=i: i * i) for i in range(20)]  # more calls than threads: they queue

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..models import load_model, random_model, resolve_dtype
-from ..models.loading import RANDOM_PREFIX
+from ..models.load_policy import RANDOM_PREFIX
 from ..models.named import NAMED
 from ..models.shapes import SHAPES
 

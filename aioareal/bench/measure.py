@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import fmean
 
+from ..grading.verify import math_equal
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards.service import RewardService
 from ..samples import Completion, Group, Sample
 from ..simulate.lengths import length_sampler
 from ..tasks.base import Example
 from ..tasks.scoring import per_item
-from ..tasks.verify import math_equal
 from ..trainer.batching import computed_positions
 
 # The decode steps measured per point skip this many first (the prefill's step, a warm-up step).

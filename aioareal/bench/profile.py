@@ -1,5 +1,5 @@
 """`bench profile`: measure a cost profile of this device for `python -m aioareal simulate`, and
-write it as JSON (aioareal/simulate/profile.py describes the format).
+write it as JSON (aioareal/simulate/cost_profile.py describes the format).
 
 It builds what `bench e2e` builds for the same flags (random weights, the run's slots, context and
 micro-batch budget) and measures, through the same workers the orchestrator drives: decode steps
@@ -24,7 +24,7 @@ import torch
 from ..errors import UserError
 from ..run.build import Models, build_engine, build_trainer, build_workers
 from ..run.events import run_event_loop
-from ..simulate.profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
+from ..simulate.cost_profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 from .e2e import setup_arguments
 from .gen import eos_ids
 from .harness import build_model, model_label, pick_device, pick_dtype, timed

@@ -51,15 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ..rewards.pool import WorkerPool
-    from ..tasks.verify import SYMBOLIC_MODULE
+    from ..grading.verify import SYMBOLIC_MODULE
+    from ..isolation.pool import WorkerPool
     from .run_completions import run_from
 
     if args.from_run:
         return run_from(args.from_run, args.completion_field, args.answer_field)
     cases = _cases_or_note(args)
     golds, texts = completions(_rows(args.data), args.completions)
-    pool = WorkerPool(args.workers, preload=("aioareal.tasks.verify", SYMBOLIC_MODULE))
+    pool = WorkerPool(args.workers, preload=("aioareal.grading.verify", SYMBOLIC_MODULE))
     try:
         if not pool.wait_ready(120):
             raise UserError("reward worker processes did not start (see the errors above)")
@@ -113,7 +113,7 @@ def completions(rows: list[dict[str, str]], n: int) -> tuple[list[str], list[str
 def agreement(folder: Path) -> dict[str, Any]:
     """Fraction of the grading cases in `folder` each grader scores as the careful grader did, and the
     same on real completions labelled by hand (`real_*`)."""
-    from ..tasks.verify import grade_now
+    from ..grading.verify import grade_now
     from .baselines import BASELINES
     from .cases import load_cases, load_real
     from .run_completions import scores as graded
@@ -133,16 +133,16 @@ def agreement(folder: Path) -> dict[str, Any]:
 
 
 def _single(golds: list[str], texts: list[str]) -> None:
-    from ..tasks.verify import grade_now
+    from ..grading.verify import grade_now
 
     grade_now(golds, texts, 10.0)
 
 
 def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
     """Chunks graded in worker processes; the rare symbolic checks they hand back run in the pool too."""
-    from ..rewards.pool import Deferred
+    from ..isolation.pool import Deferred
 
-    futures = [pool.submit("aioareal.tasks.verify:grade_batch", (golds[i:i + chunk], texts[i:i + chunk]), 120.0)
+    futures = [pool.submit("aioareal.grading.verify:grade_batch", (golds[i:i + chunk], texts[i:i + chunk]), 120.0)
                for i in range(0, len(texts), chunk)]
     results = [x for f in futures for x in (f.result().value or [])]
     checks = [pool.submit(d.fn, d.args, 10.0) for d in results if isinstance(d, Deferred)]
@@ -152,10 +152,10 @@ def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
 
 def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers: int) -> None:
     """Through `RewardService.score`, one call per group of completions, all groups submitted at once."""
+    from ..grading.verify import SYMBOLIC_MODULE, grade
     from ..rewards.service import RewardService
     from ..tasks.base import Example
     from ..tasks.scoring import GradedScorer
-    from ..tasks.verify import SYMBOLIC_MODULE, grade
 
     scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))
     service = RewardService(scorer, decode=lambda ids: texts[ids[0]], workers=workers, timeout_s=30.0, pool=pool)

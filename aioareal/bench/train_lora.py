@@ -29,7 +29,7 @@ from ..trainer.batching import MicroBatch, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.optim import adamw_kind
 from ..weightsync.full import WeightSync
-from ..weightsync.lora import LoraSync
+from ..weightsync.merged_lora import LoraSync
 from .harness import (
     alternate,
     build_model,

@@ -1,8 +1,8 @@
-"""Checkpoints: atomic local ones (`local`), sharded ones written by several ranks (`sharded`, on
+"""Checkpoints: one process's, atomic (`atomic`), sharded ones written by several ranks (`sharded`, on
 torch.distributed.checkpoint), the readers that never run code from a file (`safeload`,
-`safe_reader`) and every decision a `--resume` takes (`resume`). The local API is re-exported here:
+`safe_reader`) and every decision a `--resume` takes (`resume_plan`). The atomic API is re-exported here:
 `checkpoint.save(...)`, `checkpoint.latest_readable(...)`."""
-from .local import (
+from .atomic import (
                     ADAPTER_DIR,
                     DONE_FILE,
                     POLICY_DIR,

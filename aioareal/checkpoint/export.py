@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import UserError, guarded
-from .local import POLICY_DIR, latest_checkpoint
+from .atomic import POLICY_DIR, latest_checkpoint
 
 
 def parser() -> argparse.ArgumentParser:

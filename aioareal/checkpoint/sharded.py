@@ -29,8 +29,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from ..distributed.sharding import Mirror
 from ..distributed.world import World
 from ..errors import UserError
-from . import local as checkpoint
-from .local import SHARDS, RunState
+from . import atomic as checkpoint
+from .atomic import SHARDS, RunState
 from .safe_reader import SafeReader
 from .safeload import load_plain
 

@@ -1,5 +1,5 @@
 """Configuration: typed dataclasses (schema), layering and checks (loading)."""
-from .loading import dump_yaml, known_keys, load_config, save_config, to_dict
+from .layering import dump_yaml, known_keys, load_config, save_config, to_dict
 from .schema import (
                      DEFAULT_STALENESS,
                      AlgoConfig,

@@ -12,7 +12,7 @@ from typing import Literal
 from .algo import AlgoConfig
 from .fields import check, doc
 from .tools import ToolsConfig
-from .warmup import WarmupConfig
+from .warmup_section import WarmupConfig
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..samples import MODEL, Group
-from ..tasks.imports import resolve_spec
+from ..usercode import resolve_spec
 from .handle import EpisodeContext, EpisodeGen
 from .steps import MAX_STEP_S, timed_steps
 

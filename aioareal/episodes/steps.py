@@ -1,7 +1,7 @@
 """An episode's steps on the event loop, timed: one that holds the loop too long fails the episode.
 
 An episode drives the engine through objects of the run's event loop (its turns' futures, the turn
-queue), so unlike a tool (tools/box.py: a thread and a loop of its own per call) it cannot be moved
+queue), so unlike a tool (tools/toolbox.py: a thread and a loop of its own per call) it cannot be moved
 off that loop. What it does between two awaits runs on the loop itself: a synchronous sleep or a long
 computation there freezes the whole run while it lasts, and Python can interrupt neither from another
 thread (nor can a watchdog: an exception it injects is raised only after the blocking call returns).

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..tasks.answers import extract_answer, normalize_number
+from ..grading.final_answer import extract_answer, normalize_number
 from ..tasks.base import Task
 
 Reader = Callable[[str], "str | None"]

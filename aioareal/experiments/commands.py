@@ -42,7 +42,7 @@ def cmd_report(argv: list[str]) -> int:
 
     def go() -> int:
         from .plots import FILES
-        from .report import write_report
+        from .study_report import write_report
 
         report = write_report(args.path, out_dir(args), args.threshold)
         for name in FILES:
@@ -74,7 +74,7 @@ def cmd_sweep(argv: list[str]) -> int:
             return 0
         sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None)
         if args.report:
-            from .report import write_report
+            from .study_report import write_report
 
             print(write_report(sweep_dir, Path("plots") / sweep_dir.name))
         return 0

@@ -1,5 +1,5 @@
 """Which decode path the engine takes: small rules kept apart from the engine so the simulator
-(simulate/workers.py) follows the same ones."""
+(simulate/costed_workers.py) follows the same ones."""
 from __future__ import annotations
 
 from collections.abc import Callable

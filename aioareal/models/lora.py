@@ -9,7 +9,7 @@ Where each part of the run sees the adapters:
   copy of it, no gradient and no Adam state, only the adapters (fp32, peft's default).
 - **KL reference**: `AdaptersOff`, the same modules with the adapters switched off for the
   reference's forward (`PeftModel.disable_adapter`): the frozen base, with no second copy.
-- **Generator**: never runs peft. `LoraSync` (weightsync/lora.py) merges `W + (alpha/r) * B @ A` per
+- **Generator**: never runs peft. `LoraSync` (weightsync/merged_lora.py) merges `W + (alpha/r) * B @ A` per
   adapted matrix on the trainer's side (`merged_weight`) and copies it into the engine's own
   weights in place; the other parameters never change after the start.
 - **Checkpoints**: `save_adapter` writes the adapter in PEFT format (`adapter/`, loads with

@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..prompts import PromptSource
 from ..samples import Group
 from .admission import Admission, Ledger, OldestFirstBuffer
-from .report import Clocks, StepReport, sample_rows, step_row
+from .step_report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
 
 # drop_constant_groups gives up after this many batches' worth of rejected groups in a row: far

@@ -1,4 +1,2 @@
-"""The reward service and where verifiers run: `service` (one deadline per group, failures counted),
-`threads` (the fast path), `pool` (worker processes killed and replaced on timeout), `spawn` and
-`worker` (a worker's start and its entry point). This package imports nothing: a spawned worker
-imports `rewards.worker`, which must load only the standard library and the grader."""
+"""The reward service: `service` scores each finished group off the event loop under one deadline
+(threads, then worker processes from `isolation`) and counts every failure."""

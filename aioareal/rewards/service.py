@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import UserError
-from .pool import Deferred, Outcome, WorkerPool, shared_pool
-from .threads import GRACE_S, MAX_HUNG, DaemonThreads
+from ..isolation.pool import Deferred, Outcome, WorkerPool, shared_pool
+from ..isolation.threads import GRACE_S, MAX_HUNG, DaemonThreads
 
 # completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
 BatchScorer = Callable[[list[str], list[Any]], Any]

@@ -28,7 +28,7 @@ from ..trainer import Trainer
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import TokenLogprobs
 from ..weightsync.full import WeightSync
-from ..weightsync.lora import LoraSync
+from ..weightsync.merged_lora import LoraSync
 from .evaluation import EvalSet, KeptCompletions, evaluate
 
 Log = Callable[[str], None]
@@ -244,7 +244,7 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
                   evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
     them after a resume restored the trainer: they start at its version."""
-    # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/lora.py).
+    # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/merged_lora.py).
     sync = (LoraSync if lora.is_lora(trainer.model) else WeightSync)(trainer.model, gen_model)
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
     return EngineWorker(engine, sync), TrainerWorker(trainer, sync, evaluate)

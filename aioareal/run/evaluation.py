@@ -15,10 +15,10 @@ import torch
 from transformers import PreTrainedModel
 
 from ..distributed.reduce import Collective
-from ..evaluate.metrics import PromptVerdicts, sampled_figures
+from ..evaluate.pass_at_k import PromptVerdicts, sampled_figures
 from ..evaluate.rollout import generate
 from ..generation import SamplingParams
-from ..orchestrator.report import PROMPT_TEXT_CHARS
+from ..orchestrator.step_report import PROMPT_TEXT_CHARS
 from ..samples import Completion
 from ..tasks.base import Example
 

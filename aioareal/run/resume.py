@@ -1,5 +1,5 @@
 """`--resume runs/NAME`: continue an interrupted run from its latest checkpoint, as the decisions of
-checkpoint/resume.py say (made once, by rank 0 under torchrun)."""
+checkpoint/resume_plan.py say (made once, by rank 0 under torchrun)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.ownership import own_run_dir, release_run_dir
-from ..checkpoint.resume import decide, resume_config
+from ..checkpoint.resume_plan import decide, resume_config
 from .cell import Cell, current_cell
 from .recipe import train
 

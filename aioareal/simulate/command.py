@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, guarded
-from .cell import Topology
+from .contention import Topology
+from .cost_profile import Profile, load_profile
 from .gpus import GPUS, derive
 from .lengths import Draw, sampler
-from .profile import Profile, load_profile
+from .prediction_report import against_rows, print_against, print_table, result_json
 from .published import readme_h100
-from .report import against_rows, print_against, print_table, result_json
-from .runner import Result, Setting, simulate
+from .simulated_run import Result, Setting, simulate
 
 BENCH_DEFAULTS = {"batch_groups": 8, "group_size": 8, "prompt_len": 128, "max_new_tokens": 768, "slots": 0}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .profile import DecodeCost
+from .cost_profile import DecodeCost
 
 
 @dataclass(slots=True)

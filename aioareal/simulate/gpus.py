@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass
 
 from ..errors import UserError
-from .profile import Profile
+from .cost_profile import Profile
 
 
 @dataclass(frozen=True)

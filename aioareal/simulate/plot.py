@@ -6,9 +6,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from .cell import Topology
-from .profile import Profile
-from .runner import Result
+from .contention import Topology
+from .cost_profile import Profile
+from .simulated_run import Result
 
 
 def plot_speedup(results: list[Result], profile: Profile, topology: Topology, lengths: str, path: Path) -> None:

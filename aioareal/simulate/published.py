@@ -8,7 +8,7 @@ checked against.
 """
 from __future__ import annotations
 
-from .profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
+from .cost_profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 
 N, SPAN = 256, 384  # the README's decode reference point: 256 sequences, 128-token prompts + 512 new (mean span 384)
 STEP = N / 51_943  # bench gen: engine 51,943 tok/s at 256 sequences -> 4.93 ms per decode step, all in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..errors import ConfigError
-from ..rewards.guarded import GuardedCaller
+from ..isolation.guarded import GuardedCaller
 from .arithmetic import ArithmeticTask
 from .base import Example, PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions
@@ -42,7 +42,7 @@ def build_scorer(config: Config, task: Task) -> BatchScorer:
         return WeightedRewards(load_reward_functions(r.functions), r.weights)
     grade = getattr(task, "grade", None)
     if grade is not None:
-        from .verify import SYMBOLIC_MODULE
+        from ..grading.verify import SYMBOLIC_MODULE
 
         return GradedScorer(grade, (SYMBOLIC_MODULE,))
     return per_item(task.score)

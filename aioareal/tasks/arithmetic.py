@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 import random
 
+from ..grading.verify import Deferred, grade, grade_now
 from .base import Example
-from .verify import Deferred, grade, grade_now
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "%": lambda a, b: a % b}
 INSTRUCTION = "Put the final answer in \\boxed{}."

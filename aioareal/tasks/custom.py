@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import DataError
-from .answers import normalize_number
+from ..grading.final_answer import normalize_number
+from ..grading.verify import Deferred, grade, math_equal
 from .base import Example
 from .rows import RowSource, RowTask, field_value
-from .verify import Deferred, grade, math_equal
 
 DEFAULT_PROMPT_FIELD = "question"  # data.prompt_field's default; a row with only TRL's `prompt` uses that
 

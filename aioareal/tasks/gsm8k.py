@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..grading.verify import Deferred, grade, grade_now
 from .base import Example
 from .rows import RowSource, RowTask, field_value
-from .verify import Deferred, grade, grade_now
 
 INSTRUCTION = "Please put your final answer within \\boxed{}."
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rewards.pool import Deferred
+from ..isolation.pool import Deferred
 from .base import Example
 from .reward_functions import RewardFunctionError, WeightedRewards, batch_columns, check_failure, load_reward_functions
 

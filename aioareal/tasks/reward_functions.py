@@ -16,7 +16,7 @@ and counts it); `check` calls every function once on training rows before traini
 wrong signature or return value is a one-line error instead.
 
 Outside training (`check`, and `RewardedTask.score` in held-out evaluation) the functions are called
-through a `rewards.guarded.GuardedCaller`: the reward service's timeout and isolation (threads, or
+through an `isolation.guarded.GuardedCaller`: the reward service's timeout and isolation (threads, or
 worker processes with `reward.isolation=process`), never in-process without a deadline. A function
 that hangs in the check is a one-line error naming it and the timeout; in evaluation it scores 0 and
 is counted (`eval_reward_failures`).
@@ -35,12 +35,12 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from ..errors import UserError
-from ..rewards.guarded import GuardedCaller
-from ..rewards.pool import Deferred, Outcome
+from ..isolation.guarded import GuardedCaller
+from ..isolation.pool import Deferred, Outcome
+from ..usercode import first_line as _first_line
+from ..usercode import resolve_spec
+from ..usercode import user_frame as _user_frame
 from .base import Example, Task
-from .imports import first_line as _first_line
-from .imports import resolve_spec
-from .imports import user_frame as _user_frame
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns

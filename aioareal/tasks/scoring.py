@@ -1,7 +1,7 @@
 """Scorers: the batch form of a task's verdict that the reward service takes.
 
 A scorer is called as `scorer(texts, examples)` with the decoded completions of one group and
-their examples, and returns one entry per completion: a number; a `rewards.pool.Deferred` check
+their examples, and returns one entry per completion: a number; an `isolation.pool.Deferred` check
 whose result is that completion's number (work that may run unbounded, done in a worker process);
 or an Exception (that completion's check failed: scored 0 and counted). It may instead return one
 `Deferred` whose result is the whole list. A scorer with a `worker_preload` attribute defers work:

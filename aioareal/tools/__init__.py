@@ -1,8 +1,8 @@
 """Tools for episodes (docs/architecture.md rule 9): the calculator, users' tools by import path, and the box
 that calls them under timeouts and turns every failure into a counted observation."""
-from .box import ERROR_PREFIX, Tool, ToolBox, ToolResult, ToolStats
 from .calculator import CalculatorError, calculate
-from .loading import BUILTIN, build_toolbox, load_tools
+from .registry import BUILTIN, build_toolbox, load_tools
+from .toolbox import ERROR_PREFIX, Tool, ToolBox, ToolResult, ToolStats
 
 __all__ = ["BUILTIN", "ERROR_PREFIX", "CalculatorError", "Tool", "ToolBox", "ToolResult", "ToolStats",
            "build_toolbox", "calculate", "load_tools"]

@@ -4,7 +4,7 @@ Scores each target (targets.py: a run, a checkpoint, a model) on the held-out pr
 data keys: one greedy completion per prompt, and with -n K also K sampled ones, on the generation
 engine, through the reward service (evaluate/rollout.py). Prints one table, the targets side by side
 (`eval BASE RUN`: before and after), writes every completion to OUT/eval.jsonl and the figures to
-OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/metrics.py;
+OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/pass_at_k.py;
 docs/evaluate.md says what each means."""
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from ..config import Config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..evaluate.answers import answer_reader
-from ..evaluate.metrics import PromptVerdicts, completion_figures, sampled_figures
+from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, sampled_figures
 from ..evaluate.rollout import Scored, generate, score
 from ..generation import SamplingParams
 from ..io import append_jsonl, atomic_write_text
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..run.build import build_data, build_rewards, encode_prompts
 from ..tasks import PromptRenderer
-from .report import Progress, json_line, table
+from .eval_report import Progress, json_line, table
 from .targets import Target, model_source, resolve, target_config
 
 OVERRIDE = re.compile(r"[a-z_]+\.[a-z_0-9]+=")  # section.key=value, as training takes it

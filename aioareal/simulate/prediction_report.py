@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .cell import Topology
+from .contention import Topology
+from .cost_profile import Profile
 from .lengths import length_sampler
-from .profile import Profile
-from .runner import Result, Setting, simulate
+from .simulated_run import Result, Setting, simulate
 
 BENCH_MODES = (("sync", "sync"), ("one-step", "one_step"), ("async", "async"))
 

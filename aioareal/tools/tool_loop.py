@@ -1,4 +1,4 @@
-"""An event loop in a daemon thread of its own, where `async def` tools run (tools/box.py).
+"""An event loop in a daemon thread of its own, where `async def` tools run (tools/toolbox.py).
 
 Why not the run's loop: a coroutine runs there until it awaits, so a tool that blocks inside (a
 synchronous sleep, a long computation) would freeze the whole run, and no timeout can fire while it

@@ -13,11 +13,11 @@ from ..orchestrator import Orchestrator, Schedule, StepReport
 from ..prompts import PromptSource
 from ..samples import Group
 from ..tasks.base import Example
-from .cell import Device, Lockstep, Topology
+from .contention import Device, Lockstep, Topology
+from .cost_profile import Profile
+from .costed_workers import ProfiledGenerator, ProfiledTrainer
 from .lengths import Draw
-from .profile import Profile
 from .virtualclock import run_virtual
-from .workers import ProfiledGenerator, ProfiledTrainer
 
 PROMPTS = 512  # distinct prompts, cycled (their content never matters here)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import inspect
 
 from ..errors import ConfigError, UserError
-from ..tasks.imports import resolve_spec
-from .box import Tool, ToolBox
+from ..usercode import resolve_spec
 from .calculator import calculate
+from .toolbox import Tool, ToolBox
 
 BUILTIN = {"calculator": calculate}
 

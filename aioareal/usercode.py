@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from .errors import UserError
 
 
 def resolve_spec(spec: str, what: str, error: type[UserError] = UserError) -> Any:
@@ -49,7 +49,7 @@ def _import_file(spec: str, target: str, what: str, error: type[UserError]) -> A
     if not path.is_file():
         raise error(f"{what} '{spec}': no such file {target}")
     # One module per file, whoever loads it (a file of reward functions and episodes imports once).
-    name = f"aioareal_rewards_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    name = f"aioareal_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)

@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..rewards.threads import BoundedThreads, Saturated
-from .loop import ToolLoop
+from ..isolation.threads import BoundedThreads, Saturated
+from .tool_loop import ToolLoop
 
 ToolFn = Callable[[str], "Awaitable[str] | str"]
 ERROR_PREFIX = "error: "

@@ -20,11 +20,11 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-from ..rewards.pool import Deferred, shared_pool
-from .answers import find_answer
+from ..isolation.pool import Deferred, shared_pool
+from .final_answer import find_answer
 from .numbers import Reading, read_span
 
-SYMBOLIC_MODULE = "aioareal.tasks.symbolic"
+SYMBOLIC_MODULE = "aioareal.grading.symbolic"
 SYMBOLIC = f"{SYMBOLIC_MODULE}:equivalent"
 TOLERANCE = Fraction(1, 10**6)  # agree to 6 decimal places (math-verify's float_rounding=6)
 

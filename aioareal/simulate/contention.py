@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 
 from ..errors import UserError
-from .profile import Profile
+from .cost_profile import Profile
 
 ROLES = ("gen", "train")
 EPS = 1e-12  # seconds of work below which a job counts as done (float rounding of the clock)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import Config, load_config, to_dict
 from ..errors import UserError
-from . import local as checkpoint
+from . import atomic as checkpoint
 
 # Keys a resume may change without --force: they do not change what is being trained (a sharded
 # checkpoint reshards to another number of ranks, whose count config.yaml only records).

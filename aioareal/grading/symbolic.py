@@ -1,4 +1,4 @@
-"""The symbolic check, run inside reward worker processes (`rewards/pool.py`), never in the trainer's.
+"""The symbolic check, run inside reward worker processes (`isolation/pool.py`), never in the trainer's.
 
 math-verify (sympy) decides answers the numeric fast path cannot (`2 \\cdot 9`, `\\sqrt{324}`,
 `x + 1`), but sympy may run without bound (`9^{9^{9}}`) while holding the GIL, so this module is
