@@ -5,6 +5,7 @@ from .codec import Codec, codec_for
 from .handle import EpisodeContext, EpisodeGen, ModelTurn, Scorer
 from .queue import TurnQueue
 from .runner import Episode, EpisodeRunner, EpisodeStats, load_episode
+from .worker import EpisodeWorker, stored_rewards
 
 __all__ = ["BUILTIN", "Codec", "Episode", "EpisodeContext", "EpisodeGen", "EpisodeRunner", "EpisodeStats",
-           "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode"]
+           "EpisodeWorker", "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode", "stored_rewards"]

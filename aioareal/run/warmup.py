@@ -167,7 +167,7 @@ def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenize
     if not config.warmup.calls:
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return lambda model: evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
-    from .episodes import EpisodeSetup, evaluate_episodes
+    from .rollout import EpisodeSetup, evaluate_episodes
 
     quiet = replace(config, tools=ToolsConfig())
     setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), quiet, lambda _: None)
