@@ -224,3 +224,72 @@ def test_no_function_over_50_lines():
             for path in package_modules().values() for name, line, n in function_sizes(path)
             if n > MAX_FUNCTION_LINES]
     assert not long, f"\nfunctions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(long)
+
+
+# Lower layers get their own config section (`config.data`, `config.run`, ...) or plain values, never
+# the whole run's `Config`: a module's inputs then say what it reads (issue 33: each question asked
+# once). The modules below `aioareal.run` allowed to name it, each for a reason:
+WHOLE_CONFIG_ALLOWED = {
+    "aioareal.config": "defines, loads and validates it",
+    "aioareal.checkpoint.resume": "a resume decides which whole config the run continues under: it loads "
+                                  "config.yaml and compares every key with the one given",
+}
+
+
+def whole_config_uses(module: str, source: str) -> list[str]:
+    """Lines where `module` imports the root `Config` from aioareal.config or names it in an annotation."""
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "Config" for alias in node.names):
+            path = Path(*module.split(".")).with_suffix(".py")
+            target = import_targets(module, path, node)[0]
+            if is_ancestor("aioareal.config", target):
+                found.append(f"{module}:{node.lineno} imports Config from {target}")
+        annotations: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]
+            annotations += [a.annotation for a in args if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for annotation in filter(None, annotations):
+            if _names_config(annotation):
+                found.append(f"{module}:{annotation.lineno} annotates with Config: {ast.unparse(annotation)}")
+    return found
+
+
+def _names_config(annotation: ast.expr) -> bool:
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+            try:
+                if _names_config(ast.parse(node.value, mode="eval").body):
+                    return True
+            except SyntaxError:
+                pass
+        if (isinstance(node, ast.Name) and node.id == "Config") or (isinstance(node, ast.Attribute)
+                                                                   and node.attr == "Config"):
+            return True
+    return False
+
+
+def test_no_module_below_run_takes_the_whole_config():
+    run_layer = layer_of("aioareal.run")
+    below = {m: p for m, p in package_modules().items() if layer_of(m) < run_layer
+             and not any(is_ancestor(allowed, m) for allowed in WHOLE_CONFIG_ALLOWED)}
+    assert "aioareal.tasks" in below and "aioareal.monitor.trackers" in below  # the walk does see them
+    found = [line for m, p in sorted(below.items()) for line in whole_config_uses(m, p.read_text())]
+    assert not found, "\npass the section (config.data, config.run, ...) or plain values:\n  " + "\n  ".join(found)
+
+
+def test_the_whole_config_check_sees_an_import_and_annotations():
+    source = ("from ..config import Config, DataConfig\n"
+              "def build(config: 'Config', data: DataConfig) -> None: ...\n"
+              "def run(cfg: schema.Config) -> None: ...\n"
+              "held: Config | None = None\n")
+    assert whole_config_uses("aioareal.tasks.example", source) == [
+        "aioareal.tasks.example:1 imports Config from aioareal.config",
+        "aioareal.tasks.example:2 annotates with Config: 'Config'",
+        "aioareal.tasks.example:3 annotates with Config: schema.Config",
+        "aioareal.tasks.example:4 annotates with Config: Config | None"]
+    assert whole_config_uses("aioareal.tasks.example", "from ..config import DataConfig\n"
+                                                       "def build(data: DataConfig) -> None: ...\n") == []

@@ -26,7 +26,7 @@ from ..episodes import (
 )
 from ..episodes.local import drive
 from ..errors import ConfigError
-from ..generation import SamplingParams
+from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
@@ -159,9 +159,9 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + budget
     # fuse=False: the trainer's own model (see run/evaluation.py).
-    engine = make_engine(model, eos, min(max_slots, len(eval_set.examples)), max_len,
-                         SamplingParams(greedy=True, max_new_tokens=budget), setup.config.generation.backend,
-                         fuse=False)
+    options = EngineOptions(min(max_slots, len(eval_set.examples)), max_len,
+                            SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
+    engine = make_engine(model, eos, options, setup.config.generation.backend)
     queue = TurnQueue(setup.codec.decode_raw)
 
     async def scored(text: str, example: Example) -> tuple[float, bool]:
