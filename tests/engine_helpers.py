@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.models import random_model
 from aioareal.samples import Completion, Group
 
@@ -110,8 +110,8 @@ def mixed_groups() -> list[Group]:
 def wandering_engine(overlap: bool | str, model: torch.nn.Module | None = None, slots: int = 6, greedy: bool = True,
                      **kw: object) -> Engine:
     params = SamplingParams(greedy=greedy, max_new_tokens=16)
-    return Engine(model or wandering_model(), eos_ids=WANDER_EOS, num_slots=slots, max_len=48, params=params, seed=1,
-                  overlap=overlap, **kw)
+    return Engine(model or wandering_model(), WANDER_EOS, EngineOptions(num_slots=slots, max_len=48, params=params,
+                                                                        seed=1, overlap=overlap, **kw))
 
 
 def run_to_end(engine: Engine, groups: list[Group],

@@ -10,8 +10,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "aioareal"
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 MAX_ROOT_MODULES = 12
-# File names two modules still share (run/episodes.py and orchestrator/episodes.py: issue 33, in rework).
-KNOWN_REPEATED_NAMES = {"episodes.py"}
 
 # Lowest first: a module may import its own layer and the layers below it, never one above. A
 # package is named for all its modules; a new package or root module must be placed here.
@@ -241,8 +239,7 @@ def repeated_file_names(paths: list[Path]) -> dict[str, list[str]]:
 
 
 def test_each_file_name_has_one_meaning():
-    repeated = {name: held for name, held in repeated_file_names(list(package_modules().values())).items()
-                if name not in KNOWN_REPEATED_NAMES}
+    repeated = repeated_file_names(list(package_modules().values()))
     assert not repeated, f"file names shared by several modules (name each for its job): {repeated}"
 
 
@@ -250,3 +247,72 @@ def test_the_name_check_sees_a_repeated_name():
     paths = [PACKAGE / "tools" / "loop.py", PACKAGE / "orchestrator" / "loop.py", PACKAGE / "tools" / "__init__.py",
              PACKAGE / "orchestrator" / "__init__.py"]
     assert repeated_file_names(paths) == {"loop.py": ["aioareal/orchestrator/loop.py", "aioareal/tools/loop.py"]}
+
+
+# Lower layers get their own config section (`config.data`, `config.run`, ...) or plain values, never
+# the whole run's `Config`: a module's inputs then say what it reads (issue 33: each question asked
+# once). The modules below `aioareal.run` allowed to name it, each for a reason:
+WHOLE_CONFIG_ALLOWED = {
+    "aioareal.config": "defines, loads and validates it",
+    "aioareal.checkpoint.resume_plan": "a resume decides which whole config the run continues under: it loads "
+                                  "config.yaml and compares every key with the one given",
+}
+
+
+def whole_config_uses(module: str, source: str) -> list[str]:
+    """Lines where `module` imports the root `Config` from aioareal.config or names it in an annotation."""
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == "Config" for alias in node.names):
+            path = Path(*module.split(".")).with_suffix(".py")
+            target = import_targets(module, path, node)[0]
+            if is_ancestor("aioareal.config", target):
+                found.append(f"{module}:{node.lineno} imports Config from {target}")
+        annotations: list[ast.expr | None] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]
+            annotations += [a.annotation for a in args if a is not None] + [node.returns]
+        elif isinstance(node, ast.AnnAssign):
+            annotations.append(node.annotation)
+        for annotation in filter(None, annotations):
+            if _names_config(annotation):
+                found.append(f"{module}:{annotation.lineno} annotates with Config: {ast.unparse(annotation)}")
+    return found
+
+
+def _names_config(annotation: ast.expr) -> bool:
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+            try:
+                if _names_config(ast.parse(node.value, mode="eval").body):
+                    return True
+            except SyntaxError:
+                pass
+        if (isinstance(node, ast.Name) and node.id == "Config") or (isinstance(node, ast.Attribute)
+                                                                   and node.attr == "Config"):
+            return True
+    return False
+
+
+def test_no_module_below_run_takes_the_whole_config():
+    run_layer = layer_of("aioareal.run")
+    below = {m: p for m, p in package_modules().items() if layer_of(m) < run_layer
+             and not any(is_ancestor(allowed, m) for allowed in WHOLE_CONFIG_ALLOWED)}
+    assert "aioareal.tasks" in below and "aioareal.monitor.trackers" in below  # the walk does see them
+    found = [line for m, p in sorted(below.items()) for line in whole_config_uses(m, p.read_text())]
+    assert not found, "\npass the section (config.data, config.run, ...) or plain values:\n  " + "\n  ".join(found)
+
+
+def test_the_whole_config_check_sees_an_import_and_annotations():
+    source = ("from ..config import Config, DataConfig\n"
+              "def build(config: 'Config', data: DataConfig) -> None: ...\n"
+              "def run(cfg: schema.Config) -> None: ...\n"
+              "held: Config | None = None\n")
+    assert whole_config_uses("aioareal.tasks.example", source) == [
+        "aioareal.tasks.example:1 imports Config from aioareal.config",
+        "aioareal.tasks.example:2 annotates with Config: 'Config'",
+        "aioareal.tasks.example:3 annotates with Config: schema.Config",
+        "aioareal.tasks.example:4 annotates with Config: Config | None"]
+    assert whole_config_uses("aioareal.tasks.example", "from ..config import DataConfig\n"
+                                                       "def build(data: DataConfig) -> None: ...\n") == []

@@ -13,7 +13,7 @@ from engine_helpers import tiny
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.backends import gap_bound, startup_gap
 from aioareal.generation.forward import FastForward
 from aioareal.generation.hf_backend import HFEngine
@@ -41,11 +41,12 @@ def test_startup_gap_is_float_rounding_for_both_backends_and_large_for_a_broken_
     model = tiny(scale=4)
     params = SamplingParams(max_new_tokens=8)
     prompt = [5, 17, 42, 9, 77]
-    for backend in (Engine(model, [], 2, 32, params, fuse=False), HFEngine(model, [], 2, 32, params)):
+    options = EngineOptions(2, 32, params, fuse=False)
+    for backend in (Engine(model, [], options), HFEngine(model, [], options)):
         assert startup_gap(backend, model, prompt) < 1e-4
         assert backend.tokens_generated == 0 and not backend.busy  # the check leaves no trace
     break_engine_mlp(monkeypatch)
-    assert startup_gap(Engine(model, [], 2, 32, params, fuse=False), model, prompt) > gap_bound(torch.float32)
+    assert startup_gap(Engine(model, [], options), model, prompt) > gap_bound(torch.float32)
 
 
 def test_broken_engine_layer_refused_under_engine(tmp_path, monkeypatch, tiny_model_path):

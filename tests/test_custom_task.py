@@ -14,7 +14,8 @@ import pytest
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, DataError, UserError
 from aioareal.rewards.service import RewardService
-from aioareal.tasks import ArithmeticTask, build_scorer, build_task
+from aioareal.run.build import task_from
+from aioareal.tasks import ArithmeticTask, build_scorer
 from aioareal.tasks.base import Example, Task
 from aioareal.tasks.reward_functions import (
     RewardedTask,
@@ -129,7 +130,7 @@ def test_wrong_signature(module) -> None:
 ])
 def test_bad_return_values_fail_before_training(tmp_path: Path, module, body: str, message: str) -> None:
     name = module(f"def bad(completions, **kwargs):\n    {body}\n")
-    task = build_task(file_config(tmp_path, f"reward.functions={name}:bad"))
+    task = task_from(file_config(tmp_path, f"reward.functions={name}:bad"))
     with pytest.raises(UserError) as err:
         task.splits()  # the eager check, before any model loads
     assert one_line(err).startswith(f"reward function '{name}:bad' ") and message in str(err.value)
@@ -220,9 +221,9 @@ def test_weights_and_none(tmp_path: Path, module) -> None:
     """)
     config = file_config(tmp_path, f"reward.functions={name}:one,{name}:length,{name}:sometimes",
                          "reward.weights=0.5,-0.1,1")
-    task = build_task(config)
+    task = task_from(config)
     train, _ = task.splits()
-    scorer = build_scorer(config, task)
+    scorer = build_scorer(config.reward, task)
     assert scorer is task.rewards
     assert scorer(["", "abc"], train[:2]) == pytest.approx([0.5, 0.5 - 0.3 + 10])
     with pytest.raises(ConfigError, match="reward.weights"):
@@ -233,25 +234,25 @@ def test_weights_and_none(tmp_path: Path, module) -> None:
 
 def test_file_task_splits_and_default_verifier(tmp_path: Path) -> None:
     config = file_config(tmp_path)
-    task = build_task(config)
+    task = task_from(config)
     assert isinstance(task, Task) and task.name == "file" and task.chat  # chat template by default
     train, held_out = task.splits()
     assert (len(train), len(held_out)) == (40, 10) and not {e.uid for e in train} & {e.uid for e in held_out}
-    assert [e.uid for e in held_out] == [e.uid for e in build_task(config).splits()[1]]  # seeded
+    assert [e.uid for e in held_out] == [e.uid for e in task_from(config).splits()[1]]  # seeded
     other = file_config(tmp_path, "data.shuffle_seed=5")
-    assert [e.uid for e in held_out] != [e.uid for e in build_task(other).splits()[1]]
+    assert [e.uid for e in held_out] != [e.uid for e in task_from(other).splits()[1]]
     ex = train[0]
     assert ex.prompt == ex.row["question"] and ex.answer == ex.row["answer"] and set(ex.row) == {"question", "answer",
                                                                                                     "level"}
-    assert build_scorer(config, task)([ex.answer, "the answer is " + ex.answer, "1000"], [ex] * 3) == [1, 1, 0]
+    assert build_scorer(config.reward, task)([ex.answer, "the answer is " + ex.answer, "1000"], [ex] * 3) == [1, 1, 0]
     words = Example("w", "Capital of France?", "Paris  France", {})
     assert task.score("  Paris France\n", words) == 1.0 and task.score("paris france", words) == 0.0
-    assert not build_task(file_config(tmp_path, "data.prompt_template={question}")).chat
+    assert not task_from(file_config(tmp_path, "data.prompt_template={question}")).chat
 
 
 def test_eval_path(tmp_path: Path) -> None:
     eval_file = write_jsonl(tmp_path / "eval.jsonl", sums(7, seed=1))
-    train, held_out = build_task(file_config(tmp_path, f"data.eval_path={eval_file}", "data.eval_size=0")).splits()
+    train, held_out = task_from(file_config(tmp_path, f"data.eval_path={eval_file}", "data.eval_size=0")).splits()
     assert len(train) == 50 and len(held_out) == 7 and held_out[0].uid == "file-eval-0"
 
 
@@ -259,34 +260,34 @@ def test_missing_field_names_file_line_and_fields(tmp_path: Path) -> None:
     rows = sums(5)
     rows[2] = {"problem": "1+1=", "answer": "2"}
     with pytest.raises(DataError) as err:
-        build_task(file_config(tmp_path, rows=rows)).splits()
+        task_from(file_config(tmp_path, rows=rows)).splits()
     assert one_line(err) == (f"{tmp_path / 'sums.jsonl'}:3: missing field 'question' (fields: problem, answer); "
                              f"set data.prompt_field")
     rows[2] = {"question": "1+1=", "solution": "2"}
     with pytest.raises(DataError, match=r"sums.jsonl:3: missing field 'answer' \(fields: question, solution\); "
                                         r"set data.answer_field, or reward.functions"):
-        build_task(file_config(tmp_path, rows=rows)).splits()
-    task = build_task(file_config(tmp_path, "data.skip_bad_rows=true", "data.eval_size=1", rows=rows))
+        task_from(file_config(tmp_path, rows=rows)).splits()
+    task = task_from(file_config(tmp_path, "data.skip_bad_rows=true", "data.eval_size=1", rows=rows))
     assert len(task.splits()[0]) == 3 and task.skipped == 1
 
 
 def test_answer_optional_with_reward_functions(tmp_path: Path, module) -> None:
     name = module("def brevity(completions, **kwargs):\n    return [-len(c) for c in completions]\n")
     rows = [{"question": f"say hi {i}"} for i in range(20)]
-    task = build_task(file_config(tmp_path, f"reward.functions={name}:brevity", rows=rows))
+    task = task_from(file_config(tmp_path, f"reward.functions={name}:brevity", rows=rows))
     train, held_out = task.splits()
     assert len(train) == 10 and train[0].answer == "" and task.score("hey", train[0]) == -3.0
 
 
 def test_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'data.path': data.task=file reads its rows from data.path"):
-        build_task(load_config(overrides=["data.task=file"]))
+        task_from(load_config(overrides=["data.task=file"]))
     with pytest.raises(ConfigError, match="'data.hub_name': data.task=hub needs"):
-        build_task(load_config(overrides=["data.task=hub"]))
+        task_from(load_config(overrides=["data.task=hub"]))
     with pytest.raises(ConfigError, match="'data.eval_split': applies to data.task=hub"):
-        build_task(file_config(tmp_path, "data.eval_split=test"))
+        task_from(file_config(tmp_path, "data.eval_split=test"))
     with pytest.raises(ConfigError, match="unknown task 'fiel' .*file, hub"):
-        build_task(load_config(overrides=["data.task=fiel"]))
+        task_from(load_config(overrides=["data.task=fiel"]))
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
@@ -301,7 +302,7 @@ def test_csv_parquet_json(tmp_path: Path, suffix: str) -> None:
         pd.DataFrame(rows).to_csv(path, index=False)
     else:
         pd.DataFrame(rows).to_parquet(path)
-    task = build_task(load_config(overrides=["data.task=file", f"data.path={path}", "data.eval_size=2"]))
+    task = task_from(load_config(overrides=["data.task=file", f"data.path={path}", "data.eval_size=2"]))
     train, held_out = task.splits()
     assert len(train) == 10 and len(held_out) == 2
     assert all(type(e.row["level"]) is int for e in train)  # plain Python values, not numpy scalars
@@ -310,7 +311,7 @@ def test_csv_parquet_json(tmp_path: Path, suffix: str) -> None:
         bad = tmp_path / "bad.csv"
         bad.write_text("question,answer\n1+1=,2\n,3\n")
         with pytest.raises(DataError, match=f"^{bad}:3: missing field 'question'"):
-            build_task(load_config(overrides=["data.task=file", f"data.path={bad}", "data.eval_size=0"])).splits()
+            task_from(load_config(overrides=["data.task=file", f"data.path={bad}", "data.eval_size=0"])).splits()
 
 
 def test_hub_task_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -323,13 +324,13 @@ def test_hub_task_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
         return sums(30 if split == "train" else 8)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    task = build_task(load_config(overrides=["data.task=hub", "data.hub_name=me/sums", "data.eval_split=test",
+    task = task_from(load_config(overrides=["data.task=hub", "data.hub_name=me/sums", "data.eval_split=test",
                                              "data.eval_size=5"]))
     train, held_out = task.splits()
     assert task.name == "hub" and calls == [("me/sums", None, "train"), ("me/sums", None, "test")]
     assert (len(train), len(held_out)) == (30, 5) and held_out[0].uid == "hub-test-0"
     calls.clear()
-    train, held_out = build_task(load_config(overrides=["data.task=hub", "data.hub_name=me/sums",
+    train, held_out = task_from(load_config(overrides=["data.task=hub", "data.hub_name=me/sums",
                                                         "data.hub_config=v2", "data.eval_size=5"])).splits()
     assert calls == [("me/sums", "v2", "train")] and (len(train), len(held_out)) == (25, 5)  # carved
 
@@ -338,7 +339,7 @@ def test_hub_task_without_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(UserError) as err:
-        build_task(load_config(overrides=["data.task=hub", "data.hub_name=me/sums"])).splits()
+        task_from(load_config(overrides=["data.task=hub", "data.hub_name=me/sums"])).splits()
     assert one_line(err) == ("could not load 'me/sums' (split 'train') from the hub: no route to host; "
                              "set data.path to a local .jsonl/.json/.parquet/.csv file instead")
 
@@ -349,19 +350,19 @@ def test_builtin_task_with_reward_functions(module) -> None:
     name = module("def by_op(completions, op, answer, **kwargs):\n"
                   "    return [float(c == a) + (o == '+') for c, o, a in zip(completions, op, answer)]\n")
     config = load_config(overrides=[f"reward.functions={name}:by_op"])
-    task = build_task(config)
+    task = task_from(config)
     assert isinstance(task, RewardedTask) and isinstance(task.task, ArithmeticTask) and not task.chat
     train, _ = task.splits()
-    assert build_scorer(config, task)([train[0].answer, "x"], [train[0]] * 2) == [2.0, 1.0]
+    assert build_scorer(config.reward, task)([train[0].answer, "x"], [train[0]] * 2) == [2.0, 1.0]
     assert task.score(train[0].answer, train[0]) == 2.0  # evaluation scores with the same functions
-    plain = build_task(load_config())
-    assert build_scorer(load_config(), plain)(["1", train[0].answer], [train[0]] * 2) == [
+    plain = task_from(load_config())
+    assert build_scorer(load_config().reward, plain)(["1", train[0].answer], [train[0]] * 2) == [
         plain.score("1", train[0]), 1.0]
 
 
 def test_evaluation_failure_scores_zero_and_counts(tmp_path: Path, module) -> None:
     name = module("def picky(completions, **kwargs):\n    return [1.0 if c else None + 1 for c in completions]\n")
-    task = build_task(file_config(tmp_path, f"reward.functions={name}:picky"))
+    task = task_from(file_config(tmp_path, f"reward.functions={name}:picky"))
     train, _ = task.splits()
     assert task.score("", train[0]) == 0.0 and task.failures == 1 and task.score("x", train[0]) == 1.0
 
@@ -397,7 +398,7 @@ def test_tiny_model_learns_a_task_from_outside_the_package(tmp_path: Path, monke
     config = load_config(overrides=[
         "data.task=file", f"data.path={data}", "data.prompt_template={question}", "data.eval_size=200",
         "reward.functions=my_rewards:exact", "train.steps=200", "eval.every=50", f"run.run_dir={tmp_path / 'run'}"])
-    held_out = build_task(config).splits()[1]
+    held_out = task_from(config).splits()[1]
     assert [e.prompt for e in held_out] == [e.prompt for e in ArithmeticTask().splits()[1]]
     run_dir = train(config, log=lambda *_: None, printer=lambda row: None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

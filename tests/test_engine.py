@@ -3,7 +3,7 @@ import pytest
 import torch
 from engine_helpers import adopt_after, generate, random_groups, reference_logprobs, tiny
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.sampling import sample
 from aioareal.samples import Group
 
@@ -13,7 +13,7 @@ def test_logprobs_match_full_forward(adopt_at, recompute):
     model = tiny()
     params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16)
     # Fewer slots than sequences: slots are freed and refilled mid-run (continuous batching).
-    engine = Engine(model, eos_ids=[1], num_slots=10, max_len=40, params=params, seed=1, recompute_kv=recompute)
+    engine = Engine(model, [1], EngineOptions(num_slots=10, max_len=40, params=params, seed=1, recompute_kv=recompute))
     results = generate(engine, random_groups([3] * 7), adopt_after(adopt_at) if adopt_at else None)
     for r in results:
         assert len(r.completions) == 3
@@ -27,7 +27,7 @@ def test_logprobs_match_full_forward(adopt_at, recompute):
 
 
 def test_interrupted_sequences_record_both_versions():
-    engine = Engine(tiny(), eos_ids=[], num_slots=4, max_len=40, params=SamplingParams(max_new_tokens=10), seed=0)
+    engine = Engine(tiny(), [], EngineOptions(4, 40, SamplingParams(max_new_tokens=10), seed=0))
     results = generate(engine, random_groups([4]), adopt_after(3))
     for c in results[0].completions:
         assert c.versions[0] == 0 and c.versions[-1] == 1 and len(c.tokens) == 10
@@ -35,7 +35,7 @@ def test_interrupted_sequences_record_both_versions():
 
 def test_greedy_matches_argmax_of_full_forward():
     model = tiny()
-    engine = Engine(model, eos_ids=[1], num_slots=4, max_len=40, params=SamplingParams(greedy=True, max_new_tokens=8))
+    engine = Engine(model, [1], EngineOptions(4, 40, SamplingParams(greedy=True, max_new_tokens=8)))
     results = generate(engine, random_groups([1] * 4))
     for r in results:
         ids = list(r.prompt_ids)
@@ -49,8 +49,7 @@ def test_greedy_matches_argmax_of_full_forward():
 def test_same_seed_same_samples():
     outs = []
     for seed in (5, 5, 6):  # the same seed twice; another, which must draw differently (the seed is used)
-        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=40, params=SamplingParams(max_new_tokens=6),
-                        seed=seed)
+        engine = Engine(tiny(), [1], EngineOptions(8, 40, SamplingParams(max_new_tokens=6), seed=seed))
         outs.append([c.tokens for r in generate(engine, random_groups([2] * 4)) for c in r.completions])
     assert outs[0] == outs[1] and outs[0] != outs[2]
 
@@ -67,14 +66,13 @@ def test_sampling_distribution_and_top_p():
 
 
 def test_rejects_prompt_longer_than_context():
-    engine = Engine(tiny(), eos_ids=[1], num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8))
+    engine = Engine(tiny(), [1], EngineOptions(num_slots=2, max_len=12, params=SamplingParams(max_new_tokens=8)))
     with pytest.raises(ValueError, match="exceeds the engine context"):
         engine.submit(Group(0, list(range(4, 10)), size=1))
 
 
 def test_forced_lengths_ignore_eos():
-    engine = Engine(tiny(), eos_ids=list(range(128)), num_slots=6, max_len=40,
-                    params=SamplingParams(max_new_tokens=12), seed=0)
+    engine = Engine(tiny(), list(range(128)), EngineOptions(6, 40, SamplingParams(max_new_tokens=12), seed=0))
     results = generate(engine, [Group(0, [5, 6, 7], size=3, forced_lengths=[1, 5, 30])])
     assert [len(c.tokens) for c in results[0].completions] == [1, 5, 12]  # capped by max_new_tokens
 
@@ -87,7 +85,7 @@ def test_cpu_decodes_only_running_slots_with_the_same_results(monkeypatch):
                 Group(1, [9, 8], size=4, forced_lengths=[2, 12, 5, 4])]
 
     def run(live: bool):
-        engine = Engine(tiny(), eos_ids=[1], num_slots=8, max_len=32, params=params)
+        engine = Engine(tiny(), [1], EngineOptions(num_slots=8, max_len=32, params=params))
         calls = []
         if live:
             monkeypatch.setattr(engine, "_decode_live",

@@ -5,7 +5,7 @@ import torch
 from engine_helpers import generate, tiny
 from torch import nn
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.forward import FastForward
 from aioareal.generation.fusion import fuse, shares_storage
 from aioareal.generation.upload import upload_padded
@@ -85,8 +85,8 @@ def test_direct_param_copy_reaches_the_fused_projection():
 
 
 def _engine_run(fuse: bool) -> list:
-    engine = Engine(tiny(), eos_ids=[1], num_slots=4, max_len=32,
-                    params=SamplingParams(temperature=0.9, max_new_tokens=10), seed=2, fuse=fuse)
+    params = SamplingParams(temperature=0.9, max_new_tokens=10)
+    engine = Engine(tiny(), [1], EngineOptions(num_slots=4, max_len=32, params=params, seed=2, fuse=fuse))
     out = generate(engine, [Group(gid, prompt, size=2) for gid, prompt in enumerate(PROMPTS)])
     return [c for r in sorted(out, key=lambda r: r.group_id) for c in r.completions]
 

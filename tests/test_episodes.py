@@ -16,7 +16,7 @@ from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_fo
 from aioareal.episodes.builtin import call_of
 from aioareal.episodes.local import drive
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.models.tokenizer import build_char_tokenizer
 from aioareal.samples import MODEL, OBS_VERSION, Group
 from aioareal.tasks.base import Example
@@ -32,8 +32,8 @@ async def exact(text: str, example) -> tuple[float, bool]:
 
 def setup(chat: bool = False, budget: int = 24, timeout_s: float = 30.0, tools: ToolBox | None = None,
           greedy: bool = False, model=None):
-    engine = Engine(model or wandering_model(), WANDER_EOS, num_slots=6, max_len=len(PROMPT) + 40,
-                    params=SamplingParams(greedy=greedy, max_new_tokens=budget), seed=1)
+    params = SamplingParams(greedy=greedy, max_new_tokens=budget)
+    engine = Engine(model or wandering_model(), WANDER_EOS, EngineOptions(6, len(PROMPT) + 40, params, seed=1))
     codec = codec_for(TOKENIZER, chat)
     queue = TurnQueue(codec.decode_raw)
     ctx = EpisodeContext(queue, codec, tools or build_toolbox(["calculator"], [], 1.0, []), exact, budget, 2)

@@ -14,7 +14,7 @@ from engine_helpers import generate, new_weights_after, random_groups, reference
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.family_forward import FamilyForward, build_forward
 from aioareal.samples import Completion, Group, Sample
@@ -76,7 +76,7 @@ def family_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 def engine_for(model: torch.nn.Module, **kw) -> Engine:
     params = SamplingParams(max_new_tokens=10)
-    return Engine(model, eos_ids=[2], num_slots=6, max_len=48, params=params, seed=1, **kw)
+    return Engine(model, [2], EngineOptions(num_slots=6, max_len=48, params=params, seed=1, **kw))
 
 
 def assert_matches_reference(results, references: dict[int, torch.nn.Module]) -> None:

@@ -31,7 +31,7 @@ from aioareal.experiments.load import read_config, read_frame
 from aioareal.experiments.sweep import plan
 from aioareal.monitor.completions import read_samples
 from aioareal.monitor.metrics import RunLog
-from aioareal.tasks import build_task
+from aioareal.run.build import task_from
 from aioareal.tasks.base import PromptRenderer
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,7 +171,7 @@ def test_data_rows(rows: list[Any], garbage: bytes, suffix: str, skip_bad: bool)
             config = load_config(overrides=["data.task=file", f"data.path={path}", "data.eval_size=1",
                                             f"data.skip_bad_rows={str(skip_bad).lower()}",
                                             "data.prompt_template=Q: {question}"])
-            train, held_out = build_task(config).splits()
+            train, held_out = task_from(config).splits()
             renderer = PromptRenderer(None, chat=False, template=config.data.prompt_template)
             for example in train + held_out:
                 renderer.text(example)

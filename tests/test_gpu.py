@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import generate, reference_logprobs, tiny
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.samples import Group
 from aioareal.weightsync.full import WeightSync
 
@@ -18,8 +18,8 @@ CUDA = torch.device("cuda", 0)
 
 
 def _engine(model, graphs, seed=0, slots=16, compile=False):
-    return Engine(model, eos_ids=[1], num_slots=slots, max_len=96, params=SamplingParams(max_new_tokens=40),
-                  seed=seed, cuda_graphs=graphs, compile=compile)
+    return Engine(model, [1], EngineOptions(num_slots=slots, max_len=96, params=SamplingParams(max_new_tokens=40),
+                                            seed=seed, cuda_graphs=graphs, compile=compile))
 
 
 def _generate(engine, groups=4, g=4):

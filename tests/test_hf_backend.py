@@ -15,7 +15,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Qwen3MoeConfig, Qwen
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.backends import choose, make_engine
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.hf_backend import HFEngine
@@ -53,7 +53,8 @@ def scaled(model: torch.nn.Module, factor: float = 4.0) -> torch.nn.Module:
 
 
 def hf_engine(model: torch.nn.Module, slots: int = 6, **kw: object) -> HFEngine:
-    return HFEngine(model, EOS, num_slots=slots, max_len=48, params=SamplingParams(max_new_tokens=16), seed=1, **kw)
+    return HFEngine(model, EOS, EngineOptions(num_slots=slots, max_len=48, params=SamplingParams(max_new_tokens=16),
+                                              seed=1, **kw))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -61,7 +62,7 @@ def test_routed_to_the_fallback_by_auto(family):
     model = FAMILIES[family]()
     assert unsupported_reason(model.config) is not None
     assert choose(model, "auto")[0] == "hf"
-    assert isinstance(make_engine(model, EOS, 4, 32, SamplingParams(), "auto"), HFEngine)
+    assert isinstance(make_engine(model, EOS, EngineOptions(4, 32), "auto"), HFEngine)
     with pytest.raises(UserError, match=f"generation.backend=engine: model_type {family}"):
         choose(model, "engine")
 
@@ -69,8 +70,8 @@ def test_routed_to_the_fallback_by_auto(family):
 def test_auto_keeps_the_engine_for_its_families():
     model = tiny()
     assert unsupported_reason(model.config) is None and choose(model, "auto") == ("engine", None)
-    assert isinstance(make_engine(model, EOS, 4, 32, SamplingParams(), "auto"), Engine)
-    assert isinstance(make_engine(model, EOS, 4, 32, SamplingParams(), "hf"), HFEngine)
+    assert isinstance(make_engine(model, EOS, EngineOptions(4, 32), "auto"), Engine)
+    assert isinstance(make_engine(model, EOS, EngineOptions(4, 32), "hf"), HFEngine)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -152,7 +153,7 @@ def test_episode_turns_pause_at_stop_strings_and_resume():
     from test_engine_turns import STOP, new_group, observe, run_turns
 
     model = scaled(gpt_neox())
-    engine = HFEngine(model, EOS, num_slots=4, max_len=64, params=SamplingParams(max_new_tokens=40), seed=1)
+    engine = HFEngine(model, EOS, EngineOptions(4, 64, SamplingParams(max_new_tokens=40), seed=1))
     group = new_group()
     assert sorted(i for _, i in run_turns(engine, [TurnRequest(group, [0, 1, 2], STOP)])) == [0, 1, 2]
     resumed = 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hand_groups import CPU, groups_with_behaviour, known_shift, trainer_for
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.samples import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
@@ -76,7 +76,7 @@ def test_gap_is_zero_for_groups_the_engine_sampled_with_the_same_fp32_weights():
     trainer = trainer_for("ppo")
     params = SamplingParams(temperature=0.8, max_new_tokens=8)
     trainer.temperature = params.temperature
-    engine = Engine(copy.deepcopy(trainer.model), eos_ids=[1], num_slots=8, max_len=40, params=params, seed=1)
+    engine = Engine(copy.deepcopy(trainer.model), [1], EngineOptions(num_slots=8, max_len=40, params=params, seed=1))
     for gid in range(2):
         engine.submit(Group(gid, [4 + gid, 5, 6, 7], 4, Example(str(gid), "q", "a")))
     groups = []

@@ -12,7 +12,7 @@ from engine_helpers import generate, reference_logprobs, tiny
 
 from aioareal.config import AlgoConfig, TrainConfig, load_config
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.models import lora
 from aioareal.samples import Completion, Group, Sample
 from aioareal.trainer import Trainer, train_step
@@ -48,8 +48,8 @@ def test_engine_logprobs_after_a_merge_equal_the_peft_forward():
     sync.publish(1)
     assert sync.apply() == (1, None) and not sync.pending
     assert [p.data_ptr() for p in gen_model.parameters()] == pointers  # merged in place, never rebound
-    engine = Engine(gen_model, eos_ids=[1], num_slots=8, max_len=32,
-                    params=SamplingParams(temperature=1.0, max_new_tokens=10), seed=2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    engine = Engine(gen_model, [1], EngineOptions(num_slots=8, max_len=32, params=params, seed=2))
     results = generate(engine, [Group(gid, list(range(5 + gid, 12 + 2 * gid)), size=2) for gid in range(3)])
     peft_model.eval()
     for r in results:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.packed import PackedLinears, packing_pays
 from aioareal.models import random_model
 from aioareal.samples import Group
@@ -62,7 +62,7 @@ def test_packing_applies_to_bf16_cpu_weights_of_an_eager_engine_only():
 @needs_onednn
 def test_the_engine_packs_in_bf16_and_drops_its_packs_on_adopt_and_when_idle():
     model = random_model("tiny", BF16, torch.device("cpu"), seed=0)
-    engine = Engine(model, [1], num_slots=4, max_len=24, params=SamplingParams(max_new_tokens=6), seed=0)
+    engine = Engine(model, [1], EngineOptions(num_slots=4, max_len=24, params=SamplingParams(max_new_tokens=6), seed=0))
     assert engine.fwd.linear.enabled
     engine.submit(Group(0, [3, 4, 5], 2, forced_lengths=[6, 6]))
     engine.step()
@@ -79,7 +79,7 @@ def test_the_engine_packs_in_bf16_and_drops_its_packs_on_adopt_and_when_idle():
 def test_an_engine_with_packed_weights_samples_what_one_without_does(monkeypatch):
     def run(enabled: bool) -> list[list[int]]:
         model = random_model("tiny", BF16, torch.device("cpu"), seed=0)
-        engine = Engine(model, [1], num_slots=8, max_len=32, params=SamplingParams(max_new_tokens=12), seed=3)
+        engine = Engine(model, [1], EngineOptions(8, 32, SamplingParams(max_new_tokens=12), seed=3))
         engine.fwd.linear.enabled = enabled
         for gid in range(3):
             engine.submit(Group(gid, [5 + gid, 6, 7, 8], 2))

@@ -22,7 +22,8 @@ from aioareal.config import load_config
 from aioareal.grading.verify import SYMBOLIC_MODULE, grade
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
-from aioareal.tasks import build_scorer, build_task
+from aioareal.run.build import task_from
+from aioareal.tasks import build_scorer
 from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tasks.scoring import GradedScorer
@@ -145,7 +146,7 @@ def test_user_reward_functions_in_processes_are_killed_on_timeout(tmp_path: Path
                       "    return [float(c == a) for c, a in zip(completions, answer)]\n")
     config = load_config(overrides=[f"reward.functions={module}:spin", "reward.isolation=process",
                                     "reward.timeout_s=1", "reward.workers=1"])
-    scorer = build_scorer(config, build_task(config))
+    scorer = build_scorer(config.reward, task_from(config))
     assert isinstance(scorer, ProcessRewards)
     pool = WorkerPool(1)
     try:

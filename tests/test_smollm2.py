@@ -15,7 +15,7 @@ from engine_helpers import generate, reference_logprobs
 from aioareal.bench.peak import bf16_units, cpu_flags
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.generation import Engine, SamplingParams
+from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
 from aioareal.models.load_policy import resolve_source
 from aioareal.run.recipe import train
@@ -49,8 +49,8 @@ def chat_prompts(tokenizer) -> list[list[int]]:
 def engine_gaps(path: str, dtype: torch.dtype, reference: torch.nn.Module, tokenizer) -> torch.Tensor:
     """|engine log-prob - HF fp32 log-prob| of every token a `dtype` engine samples (2 prompts x 2)."""
     model = load_model(path, dtype, CPU)
-    engine = Engine(model, eos_token_ids(model, tokenizer), num_slots=4, max_len=256,
-                    params=SamplingParams(max_new_tokens=32), seed=0)
+    options = EngineOptions(num_slots=4, max_len=256, params=SamplingParams(max_new_tokens=32), seed=0)
+    engine = Engine(model, eos_token_ids(model, tokenizer), options)
     groups = generate(engine, [Group(i, p, size=2) for i, p in enumerate(chat_prompts(tokenizer))])
     gaps = [(torch.tensor(c.logprobs) - reference_logprobs(reference, g.prompt_ids, c.tokens)).abs()
             for g in groups for c in g.completions]

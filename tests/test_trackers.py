@@ -94,7 +94,7 @@ def test_a_slow_tracker_never_blocks_log_and_a_full_queue_drops_rows():
 
 def test_a_failing_tracker_does_not_stop_the_run(tmp_path, monkeypatch):
     class Failing:
-        def __init__(self, run_dir: Path, config: object) -> None:
+        def __init__(self, run_dir: Path, settings: object, recorded: dict) -> None:
             pass
 
         def log(self, metrics: dict, step: int) -> None:
@@ -117,10 +117,10 @@ def test_a_tracker_without_its_package_is_an_error_naming_it(monkeypatch):
 OFFLINE = """
 import sys
 from pathlib import Path
-from aioareal.config import load_config
-from aioareal.trackers import start_trackers
+from aioareal.config import load_config, to_dict
+from aioareal.monitor.trackers import start_trackers
 config = load_config(overrides=["run.trackers=" + sys.argv[1]])
-feed = start_trackers(config, Path(sys.argv[2]))
+feed = start_trackers(config.run, to_dict(config), Path(sys.argv[2]))
 for step in range(3):
     feed.log({"step": step, "loss": 1.0 / (step + 1), "time": 0.1 * step})
 feed.close()

@@ -17,7 +17,7 @@ from aioareal.config import load_config
 from aioareal.errors import DataError
 from aioareal.models import load_tokenizer
 from aioareal.rewards.service import RewardService
-from aioareal.tasks import build_task
+from aioareal.run.build import task_from
 from aioareal.tasks.base import PromptRenderer
 from aioareal.tasks.reward_functions import WeightedRewards, load_reward_functions
 
@@ -74,7 +74,7 @@ def file_task(tmp_path: Path, *overrides: str):
 
 
 def test_conversational_rows_render_with_the_chat_template(tmp_path, trl):
-    task = build_task(file_task(tmp_path, f"reward.functions={trl}:format_reward_func"))
+    task = task_from(file_task(tmp_path, f"reward.functions={trl}:format_reward_func"))
     train, held_out = task.splits()
     example = train[0]
     assert example.messages[0] == {"role": "system", "content": "Think, then answer."}
@@ -87,7 +87,7 @@ def test_conversational_rows_render_with_the_chat_template(tmp_path, trl):
 
 
 def test_reward_functions_get_what_trl_passes(tmp_path, trl):
-    task = build_task(file_task(tmp_path, f"reward.functions=[{trl}:format_reward_func,{trl}:reward_func,{trl}:spy]"))
+    task = task_from(file_task(tmp_path, f"reward.functions=[{trl}:format_reward_func,{trl}:reward_func,{trl}:spy]"))
     train, _ = task.splits()
     rewards = task.rewards
     service = RewardService(rewards, decode=lambda ids: "".join(chr(i) for i in ids), workers=1)
@@ -119,7 +119,7 @@ def test_malformed_messages_name_file_line_and_field(tmp_path, prompt):
     data = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": prompt, "answer": "1"}])
     config = load_config(overrides=["data.task=file", f"data.path={data}", "data.eval_size=0"])
     with pytest.raises(DataError) as err:
-        build_task(config).splits()
+        task_from(config).splits()
     message = str(err.value)
     assert "\n" not in message
     if prompt:  # an empty list is an empty field

@@ -22,9 +22,8 @@ from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
-from aioareal.run.build import build_evaluator
+from aioareal.run.build import build_evaluator, task_from
 from aioareal.run.evaluation import EvalSet
-from aioareal.tasks import build_task
 from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tools import Tool, ToolBox
@@ -87,7 +86,7 @@ def picky(completions, answer, **kwargs):
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_a_reward_that_hangs_in_the_check_before_training_is_one_line(tmp_path: Path, isolation: str) -> None:
     spec = f"{rewards_file(tmp_path, HANGS)}:hangs"
-    task = build_task(file_config(tmp_path, f"reward.functions={spec}", "reward.timeout_s=0.3",
+    task = task_from(file_config(tmp_path, f"reward.functions={spec}", "reward.timeout_s=0.3",
                                   f"reward.isolation={isolation}", "reward.workers=1"))
     with pytest.raises(UserError) as err:
         within(60, task.splits)
@@ -102,7 +101,7 @@ def test_a_reward_that_hangs_in_evaluation_scores_0_and_is_counted(tmp_path: Pat
 
     config = file_config(tmp_path, f"reward.functions={rewards_file(tmp_path, HANGS_ON_MODEL_TEXT)}:picky",
                          "reward.timeout_s=0.3", f"reward.isolation={isolation}", "reward.workers=1")
-    task = build_task(config)
+    task = task_from(config)
     within(60, task.splits)  # the check passes: on the answers it returns at once
     examples = [Example(str(i), f"{i}+1=", str(i + 1), {"answer": str(i + 1)}) for i in range(3)]
     eval_set = EvalSet(examples, [[5, 6, 7]] * 3)

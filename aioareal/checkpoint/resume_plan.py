@@ -67,8 +67,9 @@ def resume_config(run_dir: Path, overrides: list[str], flags: dict[str, Any], fo
     return config
 
 
-def decide(run_dir: Path, config: Config, log: Callable[[str], None]) -> tuple[str, Path | None]:
-    """("resume", checkpoint), ("fresh", None) after clearing the outputs, or ("done", None)."""
+def decide(run_dir: Path, steps: int, log: Callable[[str], None]) -> tuple[str, Path | None]:
+    """("resume", checkpoint), ("fresh", None) after clearing the outputs, or ("done", None): the
+    run had reached `steps` (train.steps)."""
     latest = checkpoint.latest_readable(run_dir, log)
     if latest is None and checkpoint.broken_checkpoints(run_dir):  # never "start over" past broken ones
         raise UserError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} reads back (each is "
@@ -79,7 +80,7 @@ def decide(run_dir: Path, config: Config, log: Callable[[str], None]) -> tuple[s
             (run_dir / name).unlink(missing_ok=True)
         return "fresh", None
     step = checkpoint.load_state(latest).step
-    if step >= config.train.steps:
+    if step >= steps:
         # Killed between the last checkpoint and DONE: the run is complete, say so for next time.
         checkpoint.mark_done(run_dir, step)
         log(f"{run_dir}: already finished ({step} steps)")

@@ -2,9 +2,10 @@
 turns, appends the world's answers as observation tokens, and returns its reward."""
 from .builtin import BUILTIN
 from .codec import Codec, codec_for
+from .episode_worker import EpisodeWorker, stored_rewards
 from .handle import EpisodeContext, EpisodeGen, ModelTurn, Scorer
 from .queue import TurnQueue
 from .runner import Episode, EpisodeRunner, EpisodeStats, load_episode
 
 __all__ = ["BUILTIN", "Codec", "Episode", "EpisodeContext", "EpisodeGen", "EpisodeRunner", "EpisodeStats",
-           "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode"]
+           "EpisodeWorker", "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode", "stored_rewards"]

@@ -1,5 +1,5 @@
 """Episodes driven by an engine on the calling thread: evaluation and tests (training drives the
-engine from the orchestrator's `EpisodeWorker` instead, on the generator's thread).
+engine from `EpisodeWorker` (worker.py) instead, on the generator's thread).
 
 `drive` runs on an event loop of its own (evaluation runs it with `asyncio.run` on the trainer's
 thread): between engine steps the episodes run; while none of them needs the engine (all waiting

@@ -10,7 +10,6 @@ or under `auto` moved to the fallback).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -20,7 +19,7 @@ from ..samples import Group
 from .engine import Engine
 from .families import unsupported_reason
 from .hf_backend import HFEngine
-from .sampling import SamplingParams
+from .options import EngineOptions
 
 Backend = Engine | HFEngine
 BACKENDS = ("auto", "engine", "hf")
@@ -46,15 +45,11 @@ def fallback_line(model: PreTrainedModel, reason: str) -> str:
     return f"generation: model_type {model_type(model)} runs on the HF fallback backend (slower): {reason}"
 
 
-def make_engine(model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int, params: SamplingParams,
-                backend: str = "auto", **options: Any) -> Backend:
-    """The backend `backend` resolves to for `model`; `options` are the engine's keyword arguments
-    (the fallback takes `seed`, `recompute_kv` and `timed` of them)."""
+def make_engine(model: PreTrainedModel, eos_ids: list[int], options: EngineOptions, backend: str = "auto") -> Backend:
+    """The backend `backend` resolves to for `model`, built with `options` (the fallback reads the
+    ones it has, hf_backend.py)."""
     kind, _ = choose(model, backend)
-    if kind == "hf":
-        kept = {k: options[k] for k in ("seed", "recompute_kv", "timed") if k in options}
-        return HFEngine(model, eos_ids, num_slots, max_len, params, **kept)
-    return Engine(model, eos_ids, num_slots, max_len, params, **options)
+    return (HFEngine if kind == "hf" else Engine)(model, eos_ids, options)
 
 
 def gap_bound(dtype: torch.dtype) -> float:

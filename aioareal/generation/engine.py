@@ -38,9 +38,9 @@ from .family_forward import build_forward
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
+from .options import EngineOptions
 from .prefix import PrefixLayout, layout_of
 from .queue_front import QueueFront
-from .sampling import SamplingParams
 from .scheduler import Scheduler, same_size_runs
 from .sequence import Running
 from .turns import TurnRequest
@@ -48,30 +48,22 @@ from .upload import upload, upload_padded
 
 
 class Engine(QueueFront):
-    def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
-                 params: SamplingParams, seed: int = 0, cuda_graphs: bool = False,
-                 recompute_kv: bool = True, compile: bool = False, timed: bool = False,
-                 fuse: bool = True, overlap: bool | str = "auto", fused_sampler: bool = False,
-                 shared_prefix: bool = False) -> None:
-        """`fuse`: run q/k/v and gate/up as one matmul each, over fused weights the model's
-        parameters are re-pointed into (fusion.py); pass False for a model that also trains.
-        `overlap`: launch each step before reading the previous one's tokens (module docstring);
-        True, False or "auto" (on for CUDA).
-        `fused_sampler`: the compiled sampler that reads the logits once (fused_sampling.py).
-        `shared_prefix`: decode the running slots with each group's prompt keys read once
-        (prefix.py); eager only: with CUDA graphs or a compiled decode it is not used."""
+    def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
+        """`options` (options.py): the slots, context, sampling and decode paths, in one record."""
+        o = options
+        num_slots, max_len, params, seed = o.num_slots, o.max_len, o.params, o.seed
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params = params
-        self.sample = sampler_for(self.device, fused_sampler)
+        self.sample = sampler_for(self.device, o.fused_sampler)
         self.max_len = max_len
-        self.recompute_kv = recompute_kv
-        self.overlap = resolve_overlap(overlap, self.device)
-        self.fwd = build_forward(model, max_len, fuse=fuse, compiled=compile)
+        self.recompute_kv = o.recompute_kv
+        self.overlap = resolve_overlap(o.overlap, self.device)
+        self.fwd = build_forward(model, max_len, fuse=o.fuse, compiled=o.compile)
         self.cache = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
-        self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if compile else self.fwd.decode
-        graphs = cuda_graphs and self.device.type == "cuda"
+        self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if o.compile else self.fwd.decode
+        graphs = o.cuda_graphs and self.device.type == "cuda"
         if graphs and not can_use_own_generator():
             torch.cuda.manual_seed(seed)  # graphs then draw from the device's default generator
             self.generator = None
@@ -87,12 +79,12 @@ class Engine(QueueFront):
         self.pending: StepOutput | None = None  # with overlap: the launched step not yet read
         self.version = 0
         self.stale_cache = False
-        self.timer = PhaseTimer(self.device, enabled=timed)  # seconds per phase of `step`, for metrics
+        self.timer = PhaseTimer(self.device, enabled=o.timed)  # seconds per phase of `step`, for metrics
         # The decode, liveness update included, is what a graph captures; the tensors it mutates
         # are restored after the capture's warm-up run.
         state = [self.next_token, self.position, self.live, self.limits.remaining]
         self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
-        self.shared_prefix = shared_prefix and not graphs and not compile and self.fwd.shares_prefix
+        self.shared_prefix = o.shared_prefix and not graphs and not o.compile and self.fwd.shares_prefix
         self.layout: PrefixLayout | None = None  # the last shared-prefix layout, reused while unchanged
         if self.stream is not None:
             # The cache, the state tensors and maybe the model were just written on the caller's

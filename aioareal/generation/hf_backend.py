@@ -28,8 +28,9 @@ from transformers import DynamicCache, PreTrainedModel
 from ..samples import Group
 from ..timing import PhaseTimer
 from .inflight import StepOutput
+from .options import EngineOptions
 from .queue_front import QueueFront
-from .sampling import SamplingParams, sample
+from .sampling import sample
 from .scheduler import Scheduler
 from .sequence import Running
 from .turns import TurnRequest
@@ -47,8 +48,12 @@ class Cohort:
 class HFEngine(QueueFront):
     """The engine's interface over the model's own forward (module docstring)."""
 
-    def __init__(self, model: PreTrainedModel, eos_ids: list[int], num_slots: int, max_len: int,
-                 params: SamplingParams, seed: int = 0, recompute_kv: bool = True, timed: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
+        """`options` (options.py): of them the fallback reads the sizes, `params`, `seed`, `recompute_kv`
+        and `timed`."""
+        o = options
+        num_slots, max_len, params, seed, recompute_kv, timed = (o.num_slots, o.max_len, o.params, o.seed,
+                                                                 o.recompute_kv, o.timed)
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.params, self.max_len, self.recompute_kv = params, max_len, recompute_kv

@@ -27,7 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import Config, dump_yaml, to_dict
+import yaml
+
+from ..config import RunConfig
 from ..errors import UserError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # tracker -> package
@@ -47,11 +49,12 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoard:
-    def __init__(self, run_dir: Path, config: Config) -> None:
+    def __init__(self, run_dir: Path, settings: RunConfig, recorded: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-        self.writer.add_text("config", "```yaml\n" + dump_yaml(config) + "```", 0)
+        text = yaml.safe_dump(recorded, sort_keys=False, default_flow_style=None)
+        self.writer.add_text("config", "```yaml\n" + text + "```", 0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -67,11 +70,11 @@ def _run_id(run_dir: Path) -> str:
 
 
 class WandB:
-    def __init__(self, run_dir: Path, config: Config) -> None:
+    def __init__(self, run_dir: Path, settings: RunConfig, recorded: dict[str, Any]) -> None:
         import wandb
 
-        self.run = wandb.init(project=config.run.tracker_project, name=run_dir.name, id=_run_id(run_dir),
-                              resume="allow", dir=str(run_dir), mode=config.run.wandb_mode, config=to_dict(config))
+        self.run = wandb.init(project=settings.tracker_project, name=run_dir.name, id=_run_id(run_dir),
+                              resume="allow", dir=str(run_dir), mode=settings.wandb_mode, config=recorded)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
@@ -83,10 +86,10 @@ class WandB:
 class Trackio:
     RENAMED = {"time": "elapsed_s"}  # trackio reserves `time` (and renames it itself, with a warning each row)
 
-    def __init__(self, run_dir: Path, config: Config) -> None:
+    def __init__(self, run_dir: Path, settings: RunConfig, recorded: dict[str, Any]) -> None:
         import trackio
 
-        self.run = trackio.init(project=config.run.tracker_project, name=_run_id(run_dir), config=to_dict(config),
+        self.run = trackio.init(project=settings.tracker_project, name=_run_id(run_dir), config=recorded,
                                 resume="allow")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -96,8 +99,8 @@ class Trackio:
         self.run.finish()
 
 
-OPENERS: dict[str, Callable[[Path, Config], Tracker]] = {"tensorboard": TensorBoard, "wandb": WandB,
-                                                          "trackio": Trackio}
+OPENERS: dict[str, Callable[[Path, RunConfig, dict[str, Any]], Tracker]] = {
+    "tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}
 
 
 def check_installed(names: list[str]) -> None:
@@ -173,8 +176,10 @@ class TrackerFeed:
                 self._drop(name, "close", e)
 
 
-def start_trackers(config: Config, run_dir: Path) -> TrackerFeed:
-    """The run's trackers (none by default: then nothing starts and `log` returns at once)."""
-    names = config.run.trackers
+def start_trackers(settings: RunConfig, recorded: dict[str, Any], run_dir: Path) -> TrackerFeed:
+    """The run's trackers, run.trackers (none by default: then nothing starts and `log` returns at
+    once); `recorded` is the run's whole config as plain data, which each tracker stores with the run."""
+    names = settings.trackers
     check_installed(names)
-    return TrackerFeed({name: (lambda opener=OPENERS[name]: opener(Path(run_dir), config)) for name in names})
+    return TrackerFeed({name: (lambda opener=OPENERS[name]: opener(Path(run_dir), settings, recorded))
+                        for name in names})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -16,9 +16,8 @@ from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
-from ..generation import SamplingParams
+from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
-from ..generation.fused_sampling import fused_sampler_enabled
 from ..models import load_model, lora, resolve_dtype
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards.service import RewardService
@@ -42,9 +41,14 @@ class Data:
     held_out: list[Example]
 
 
+def task_from(config: Config) -> Task:
+    """The task of a run's config: the sections tasks/ reads, handed down."""
+    return build_task(config.data, config.arithmetic, config.reward, config.algo.group_size)
+
+
 def build_data(config: Config, log: Log) -> Data:
     """The task and its splits: data errors surface here, before any model loads."""
-    task = build_task(config)
+    task = task_from(config)
     train, held_out = task.splits()
     if getattr(task, "skipped", 0):
         log(f"skipped {task.skipped} malformed rows (data.skip_bad_rows)")
@@ -194,13 +198,10 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
     kind, reason = choose(model, backend)
     if kind == "hf" and log is not None:
         log(fallback_line(model, reason or ""))
-    return make_engine(model, eos, g.num_slots or a.batch_groups * a.group_size, max_len,
-                       SamplingParams(g.temperature, g.top_p, g.max_new_tokens), backend,
-                       seed=config.run.seed if seed is None else seed,
-                       cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv,
-                       compile=g.compile if compile is None else compile, timed=timed, fuse=fuse,
-                       overlap=g.overlap, shared_prefix=g.shared_prefix,
-                       fused_sampler=fused_sampler_enabled(g.fused_sampler, next(model.parameters()).device))
+    options = engine_options(g, a.batch_groups * a.group_size, max_len, config.run.seed if seed is None else seed,
+                             next(model.parameters()).device, timed)
+    return make_engine(model, eos, replace(options, compile=g.compile if compile is None else compile, fuse=fuse),
+                       backend)
 
 
 def check_engine(config: Config, engine: Backend, model: PreTrainedModel, eos: list[int], max_len: int,
@@ -276,4 +277,4 @@ def eval_failures(task: Task, before: int) -> dict[str, float]:
 
 def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:
     r = config.reward
-    return RewardService(build_scorer(config, task), decode, r.workers, r.timeout_s, memory_limit_mb=r.memory_limit_mb)
+    return RewardService(build_scorer(r, task), decode, r.workers, r.timeout_s, memory_limit_mb=r.memory_limit_mb)

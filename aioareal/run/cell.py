@@ -17,7 +17,7 @@ from torch import nn
 from .. import checkpoint
 from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
-from ..config import Config
+from ..config import Config, to_dict
 from ..devices import resolve_device
 from ..distributed.reduce import LOCAL, Collective
 from ..distributed.world import World, current
@@ -98,7 +98,7 @@ class LocalCell:
         return RunLog(run_dir, resume_step=resume_step)
 
     def trackers(self, config: Config, run_dir: Path) -> TrackerFeed:
-        return start_trackers(config, run_dir)
+        return start_trackers(config.run, to_dict(config), run_dir)
 
     def saver(self, run_dir: Path, trainer_worker: Any, engine_generator: Any, tokenizer: Any,
               keep: int) -> SaveCheckpoint:

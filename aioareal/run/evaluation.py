@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from ..distributed.reduce import Collective
 from ..evaluate.pass_at_k import PromptVerdicts, sampled_figures
-from ..evaluate.rollout import generate
+from ..evaluate.scored_completions import generate
 from ..generation import SamplingParams
 from ..orchestrator.step_report import PROMPT_TEXT_CHARS
 from ..samples import Completion

@@ -27,8 +27,7 @@ from ..monitor.dashboard import Dashboard
 from ..monitor.live import LiveState
 from ..monitor.plain import wants_dashboard
 from ..monitor.trackers import TrackerFeed, check_installed
-from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
-from ..orchestrator.episodes import EpisodeWorker, stored_rewards
+from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompts import PromptSource
 from ..rewards.service import RewardService
 from .build import (
@@ -44,10 +43,10 @@ from .build import (
     model_path,
 )
 from .cell import Cell, current_cell
-from .episodes import episode_evaluator, episode_generator, episode_setup
 from .evaluation import KeptCompletions
 from .events import install_stop_signals, quiet, run_event_loop, step_printer
 from .hooks import RunHooks
+from .rollout import EvalInputs, Rollout, rollout_kind
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Parts:
     run_dir: Path
     cell: Cell  # one process, or this rank's place in a torchrun job
     engine: Backend
-    generator: EngineWorker | EpisodeWorker  # EpisodeWorker with data.episode
+    rollout: Rollout  # the generator, its scorer and counters, the evaluator (single completions or episodes)
     trainer: TrainerWorker
     rewards: RewardService
     prompts: PromptSource
@@ -90,7 +89,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
         torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
-    episodes = episode_setup(config, tokenizer, prompts.chat, cell.world.size, log)  # None: single completions
+    kind = rollout_kind(config, tokenizer, prompts.chat, cell.world.size, log)  # single completions or episodes
     models = build_models(config, start, resume_from, gen_device, train_device)
     if config.model.lora_rank:
         log(lora.describe(models.train))
@@ -101,19 +100,17 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     kept = KeptCompletions()
-    evaluator = (episode_evaluator(episodes, trainer.model, prompts.eval_set, data.task.score, eos) if episodes
-                 else cell.evaluator(config, trainer, prompts.eval_set, data.task, decode, eos, kept))
+    evaluator = kind.evaluator(EvalInputs(cell, config, trainer, prompts.eval_set, data.task, decode, eos, kept))
     state = cell.restore(resume_from, trainer, engine, config) if resume_from else None
-    generator, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
+    engine_worker, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
     rewards = build_rewards(config, data.task, decode)
+    rollout = kind.rollout(engine_worker, rewards, evaluator)
     source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],
                           seed=config.run.seed * 7919 + config.data.shuffle_seed, cursor=state.cursor if state else 0,
                           stride=cell.world.size, offset=cell.world.rank)
     live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
                      [gen_device, train_device], config.train.steps, cell.world.size)
-    if episodes:  # the engine worker driven by the episodes' turns
-        generator = episode_generator(episodes, generator, rewards)
-    return Parts(config, run_dir, cell, engine, generator, trainer_worker, rewards, source,
+    return Parts(config, run_dir, cell, engine, rollout, trainer_worker, rewards, source,
                  cell.run_log(run_dir, state.step if state else None), tokenizer, live,
                  cell.trackers(config, run_dir), state, kept)
 
@@ -142,13 +139,10 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
     c = parts.config
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
-    episodes = isinstance(parts.generator, EpisodeWorker)  # they score themselves, and count their tools
-    counters = (lambda: {**parts.rewards.stats.metrics(), **parts.generator.counters()}) if episodes \
-        else (lambda: {**parts.rewards.stats.metrics(), **parts.rewards.scorer_metrics()})
-    orchestrator = Orchestrator(schedule, parts.generator, parts.trainer, parts.prompts,
-                                stored_rewards if episodes else parts.rewards.score_group,
+    rollout = parts.rollout
+    orchestrator = Orchestrator(schedule, rollout.generator, parts.trainer, parts.prompts, rollout.score,
                                 parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,
-                                score_counters=counters)
+                                score_counters=rollout.counters)
     install_stop_signals(parts.cell.stop_target(orchestrator))
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:
@@ -159,7 +153,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
 
 
 def cleanup(parts: Parts) -> None:
-    parts.generator.close()
+    parts.rollout.close()
     parts.trainer.close()
     parts.rewards.close()
     parts.trackers.close()

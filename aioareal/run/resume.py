@@ -35,7 +35,7 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
 def _owned_decision(run_dir: Path, config: Any, log: Callable[[str], None]) -> tuple[str, Path | None]:
     own_run_dir(run_dir)
     try:
-        return decide(run_dir, config, log)
+        return decide(run_dir, config.train.steps, log)
     except BaseException:
         release_run_dir(run_dir)
         raise

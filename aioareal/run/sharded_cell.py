@@ -19,7 +19,7 @@ from torch import nn
 
 from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
-from ..config import Config
+from ..config import Config, to_dict
 from ..devices import resolve_device
 from ..distributed.reduce import Collective, Global
 from ..distributed.sharding import Mirror, shard_policy
@@ -128,7 +128,7 @@ class ShardedCell:
         return RunLog(run_dir, resume_step=resume_step) if self.is_main else QuietLog()
 
     def trackers(self, config: Config, run_dir: Path) -> TrackerFeed:
-        return start_trackers(config, run_dir) if self.is_main else TrackerFeed({})
+        return start_trackers(config.run, to_dict(config), run_dir) if self.is_main else TrackerFeed({})
 
     def saver(self, run_dir: Path, trainer_worker: Any, engine_generator: Any, tokenizer: Any,
               keep: int) -> SaveCheckpoint:

@@ -15,7 +15,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -76,11 +76,10 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer()
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
-    task = ArithmeticTask(ops=config.warmup.ops or config.arithmetic.ops)  # its exact-match verdict
-    train, held_out = warmup_examples(config)
-    extra = extra_examples(config)
+    sets = warmup_sets(config)
+    train, held_out, extra = sets.train, sets.held_out, sets.extra
     encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    evaluate_now = _evaluator(config, task, EvalSet(held_out, [encode(e.prompt) for e in held_out]), tokenizer,
+    evaluate_now = _evaluator(config, sets.task, EvalSet(held_out, [encode(e.prompt) for e in held_out]), tokenizer,
                               eos_token_ids(model, tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
@@ -105,6 +104,22 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     summary = {"steps": step, "held_out_pass_rate": pass_rate, "seconds": round(time.time() - start, 1)}
     log(f"warm-start: {step} steps, held-out pass rate {pass_rate:.3f}, {summary['seconds']} s")
     return summary
+
+
+@dataclass
+class WarmupSets:
+    """What the warm-start takes from the arithmetic task, all at once (tasks/arithmetic.py)."""
+
+    task: ArithmeticTask  # its exact-match verdict
+    train: list[Example]
+    held_out: list[Example]
+    extra: list[Example]  # warmup.extra_ops
+
+
+def warmup_sets(config: Config) -> WarmupSets:
+    train, held_out = warmup_examples(config)
+    return WarmupSets(ArithmeticTask(ops=config.warmup.ops or config.arithmetic.ops), train, held_out,
+                      extra_examples(config))
 
 
 def warmup_examples(config: Config, pool: int = 50_000) -> tuple[list[Example], list[Example]]:
@@ -167,7 +182,7 @@ def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenize
     if not config.warmup.calls:
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return lambda model: evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
-    from .episodes import EpisodeSetup, evaluate_episodes
+    from .rollout import EpisodeSetup, evaluate_episodes
 
     quiet = replace(config, tools=ToolsConfig())
     setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), quiet, lambda _: None)

@@ -2,7 +2,7 @@
 
 Scores each target (targets.py: a run, a checkpoint, a model) on the held-out prompts of the run's
 data keys: one greedy completion per prompt, and with -n K also K sampled ones, on the generation
-engine, through the reward service (evaluate/rollout.py). Prints one table, the targets side by side
+engine, through the reward service (evaluate/scored_completions.py). Prints one table, the targets side by side
 (`eval BASE RUN`: before and after), writes every completion to OUT/eval.jsonl and the figures to
 OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/pass_at_k.py;
 docs/evaluate.md says what each means."""
@@ -19,7 +19,7 @@ from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..evaluate.answers import answer_reader
 from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, sampled_figures
-from ..evaluate.rollout import Scored, generate, score
+from ..evaluate.scored_completions import Scored, generate, score
 from ..generation import SamplingParams
 from ..io import append_jsonl, atomic_write_text
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype

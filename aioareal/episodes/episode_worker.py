@@ -1,7 +1,7 @@
-"""The generator for episodes (docs/architecture.md rule 9): the engine's worker thread, driven by the turns the
-episodes ask for. It keeps the GenerationWorker contract, so admission, the oldest-first buffer and
-staleness work exactly as for single completions: a group is G episodes of one example, handed back
-when the last one has returned.
+"""The generator for episodes in training (docs/architecture.md rule 9): the engine's worker thread,
+driven by the turns the episodes ask for. It keeps the GenerationWorker contract, so admission, the
+oldest-first buffer and staleness work exactly as for single completions: a group is G episodes of
+one example, handed back when the last one has returned.
 
 `submit` starts the group's episodes (coroutines on the event loop); `step` hands their asks to the
 engine (between two engine steps, on the loop's thread, while the engine's thread is idle), runs one
@@ -19,15 +19,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any, Protocol
 
-from ..episodes import EpisodeRunner, TurnQueue
-from ..episodes.queue import Ask
 from ..samples import Group
-from .workers import EngineWorker
+from .queue import Ask, TurnQueue
+from .runner import EpisodeRunner
+
+
+class EngineSide(Protocol):
+    """What the worker drives: the orchestrator's `EngineWorker` (orchestrator/workers.py), one engine
+    step at a time on the engine's thread."""
+
+    engine: Any
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def tokens_generated(self) -> int: ...
+    @property
+    def phase_seconds(self) -> dict[str, float]: ...
+
+    def free_slots(self) -> int: ...
+    async def step(self, adopt: bool) -> list[Group]: ...
+    def close(self) -> None: ...
 
 
 class EpisodeWorker:
-    def __init__(self, inner: EngineWorker, runner: EpisodeRunner, queue: TurnQueue) -> None:
+    def __init__(self, inner: EngineSide, runner: EpisodeRunner, queue: TurnQueue) -> None:
         self.inner, self.runner, self.queue = inner, runner, queue
         self.engine = inner.engine
         self.active: dict[int, asyncio.Task] = {}  # group id -> its episodes

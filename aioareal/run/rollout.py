@@ -1,9 +1,11 @@
-"""Episodes in a run (data.episode, tools.*): what setup builds for them, the generator that drives
-their turns in training, and the held-out evaluation of greedy episodes with the same tools."""
+"""How a run makes, scores and evaluates its samples, decided once (data.episode): single completions
+or episodes (docs/architecture.md rule 9). `rollout_kind` is the one place that asks; setup then builds
+one `Rollout` (the generator, its scorer, the scorer's counters, the evaluator) and everything after
+it, the orchestrator and cleanup, uses that record without asking again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
@@ -11,20 +13,68 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from ..config import Config
-from ..episodes import Codec, Episode, EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
+from ..episodes import (
+    Codec,
+    Episode,
+    EpisodeContext,
+    EpisodeRunner,
+    EpisodeWorker,
+    TurnQueue,
+    codec_for,
+    load_episode,
+    stored_rewards,
+)
 from ..episodes.local import drive
 from ..errors import ConfigError
-from ..generation import SamplingParams
+from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
-from ..orchestrator.episodes import EpisodeWorker
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
 from ..samples import Group
-from ..tasks.base import Example
+from ..tasks.base import Example, Task
 from ..tools import ToolBox, build_toolbox
-from .evaluation import EvalSet
+from .evaluation import EvalSet, Evaluator, KeptCompletions
 
 Log = Callable[[str], None]
+
+
+@dataclass
+class Rollout:
+    """What generates, scores and evaluates this run, built once by a kind's `rollout`."""
+
+    generator: EngineWorker | EpisodeWorker
+    score: Callable[[Group], Awaitable[tuple[list[float], int]]]  # the orchestrator's scorer of a finished group
+    counters: Callable[[], dict[str, float]]  # the scorer's running counts for each metrics row
+    evaluator: Evaluator  # held-out evaluation, run on the trainer's thread
+
+    def close(self) -> None:
+        self.generator.close()
+
+
+@dataclass
+class EvalInputs:
+    """What an evaluator is built from (the trainer's weights, the held-out set, its verdict)."""
+
+    cell: Any  # cell.Cell: one process, or this rank's evaluation of its shard
+    config: Config
+    trainer: Any  # trainer.Trainer
+    eval_set: EvalSet
+    task: Task
+    decode: Callable[[list[int]], str]
+    eos: list[int]
+    kept: KeptCompletions
+
+
+class Completions:
+    """Single completions: the engine worker generates a group, the reward service scores it."""
+
+    def evaluator(self, given: EvalInputs) -> Evaluator:
+        return given.cell.evaluator(given.config, given.trainer, given.eval_set, given.task, given.decode,
+                                    given.eos, given.kept)
+
+    def rollout(self, worker: EngineWorker, rewards: RewardService, evaluator: Evaluator) -> Rollout:
+        return Rollout(worker, rewards.score_group,
+                       lambda: {**rewards.stats.metrics(), **rewards.scorer_metrics()}, evaluator)
 
 
 @dataclass(frozen=True)
@@ -48,11 +98,22 @@ class EpisodeSetup:
                              log or self.log)
 
 
-def episode_setup(config: Config, tokenizer: Any, chat: bool, ranks: int, log: Log) -> EpisodeSetup | None:
-    """The run's episodes, or None for single completions; every problem is a one-line error now."""
+    def evaluator(self, given: EvalInputs) -> Evaluator:
+        return episode_evaluator(self, given.trainer.model, given.eval_set, given.task.score, given.eos)
+
+    def rollout(self, worker: EngineWorker, rewards: RewardService, evaluator: Evaluator) -> Rollout:
+        """Episodes score themselves (through the reward service) and count their tools."""
+        generator = episode_generator(self, worker, rewards)
+        return Rollout(generator, stored_rewards, lambda: {**rewards.stats.metrics(), **generator.counters()},
+                       evaluator)
+
+
+def rollout_kind(config: Config, tokenizer: Any, chat: bool, ranks: int, log: Log) -> Completions | EpisodeSetup:
+    """The one place that asks whether this run's samples are single completions or episodes
+    (data.episode); every problem with the episodes is a one-line error now."""
     spec = config.data.episode
     if spec is None:
-        return None
+        return Completions()
     if ranks > 1:
         raise ConfigError("data.episode", "episodes are not supported under torchrun yet; run a single process")
     setup = EpisodeSetup(spec, load_episode(spec), codec_for(tokenizer, chat), config, log)
@@ -98,9 +159,9 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + budget
     # fuse=False: the trainer's own model (see run/evaluation.py).
-    engine = make_engine(model, eos, min(max_slots, len(eval_set.examples)), max_len,
-                         SamplingParams(greedy=True, max_new_tokens=budget), setup.config.generation.backend,
-                         fuse=False)
+    options = EngineOptions(min(max_slots, len(eval_set.examples)), max_len,
+                            SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
+    engine = make_engine(model, eos, options, setup.config.generation.backend)
     queue = TurnQueue(setup.codec.decode_raw)
 
     async def scored(text: str, example: Example) -> tuple[float, bool]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
-from ..generation import SamplingParams
+from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..rewards.service import RewardService
 from ..samples import Completion, Group
@@ -40,7 +40,7 @@ def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[li
     max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
     slots = max(size, min(MAX_SLOTS, size * len(prompt_ids)))
     # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/fusion.py).
-    engine = make_engine(model, eos_ids, slots, max_len, params, backend, seed=seed, fuse=False)
+    engine = make_engine(model, eos_ids, EngineOptions(slots, max_len, params, seed=seed, fuse=False), backend)
     for i, (ids, example) in enumerate(zip(prompt_ids, examples)):
         engine.submit(Group(i, ids, size, example))
     done: dict[int, list[Completion]] = {}
