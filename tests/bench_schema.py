@@ -134,10 +134,12 @@ TRAIN_LORA = {
 TRAIN_PRECISION = {
     "bench": exactly("train"), "variant": exactly("precision"), **ENVIRONMENT, "model": TEXT, "samples": SIZE,
     "group_size": SIZE, "prompt_len": SIZE, "mean_len": POSITIVE, "max_len": SIZE, "budget": SIZE, "chunk": SIZE,
-    "repeats": SIZE, "peak_mem_kind": exactly("cuda_max_memory_allocated", "cpu_rss_high_water"),
+    "repeats": SIZE, "fp32_matmuls": FLAG,
+    "peak_mem_kind": exactly("cuda_max_memory_allocated", "cpu_rss_high_water"),
     **{f"{side}_{k}": kind for side in ("autocast", "masters") for k, kind in (
         ("step_s", POSITIVE), ("peak_gb", POSITIVE), ("loaded_gb", POSITIVE), ("after_step_gb", POSITIVE),
-        ("first_loss", Field("a finite number", _number)))},
+        ("first_loss", Field("a finite number", _number)), ("saved_mb_per_position", POSITIVE),
+        ("saved_fixed_mb", Field("a finite number", _number)))},
     "masters_vs_autocast_peak": POSITIVE, "masters_vs_autocast_step_s": POSITIVE,
 }
 HEAD = {

@@ -86,7 +86,7 @@ def test_masters_learn_like_autocast_and_their_logprobs_stay_within_the_bf16_bou
     autocast, masters = _trainer("autocast", budget=4096), _trainer("masters", budget=4096)
     groups = _groups(7, n_groups=2)
     losses = {"autocast": [], "masters": []}
-    for _ in range(5):  # the same batch again and again: the loss falls
+    for _ in range(4):  # the same batch again and again: the loss falls
         losses["autocast"].append(train_step(autocast, copy.deepcopy(groups))["loss"])
         losses["masters"].append(train_step(masters, copy.deepcopy(groups))["loss"])
     for run in losses.values():

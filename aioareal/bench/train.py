@@ -101,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", action="store_true",
                    help="compare train.precision=autocast against masters instead: whole training steps, each side "
                         "in its own process (peak memory, step time; --group-size samples per prompt)")
+    p.add_argument("--fp32-matmuls", action="store_true",
+                   help="--precision: bf16 matmuls computed in fp32 (bench/fp32_matmuls.py), for memory figures "
+                        "on a CPU without bf16 units; its times say nothing about bf16 speed")
     add_peak_argument(p)
 
 

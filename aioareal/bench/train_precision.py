@@ -16,11 +16,13 @@ their gradients and AdamW's moments, the working copy, activations and the runti
 `/usr/bin/time -v` counts them (without the generator's copy); the resident set after a step and
 `malloc_trim` is what stays between steps. On CUDA, torch's peak allocation. Time: the median step
 after one warm-up step; on a CPU without bf16 matmul units (AVX2 only) bf16 is emulated and the
-times say nothing about a CPU with them.
+times say nothing about a CPU with them; `--fp32-matmuls` (fp32_matmuls.py) measures the memory
+of bf16 steps there at fp32 speed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import random
 import time
@@ -34,6 +36,8 @@ from ..devices import release_freed_memory
 from ..errors import UserError
 from ..samples import Completion, Group, Sample
 from ..simulate.lengths import gsm8k_like_length
+from ..trainer.batching import collate
+from .fp32_matmuls import Fp32Matmuls
 from .harness import build_model, environment, model_label, pick_device, pick_dtype, ratio
 from .rss import lifetime_high_water_bytes, rss_bytes
 
@@ -64,7 +68,7 @@ def run_precision(args: argparse.Namespace) -> dict[str, Any]:
     result = {"bench": "train", "variant": "precision", **environment(device), "model": model_label(args.model),
               "samples": args.samples, "group_size": args.group_size, "prompt_len": args.prompt_len,
               "mean_len": args.mean_len, "max_len": args.max_len, "budget": args.budget, "chunk": args.chunk,
-              "repeats": args.repeats,
+              "repeats": args.repeats, "fp32_matmuls": args.fp32_matmuls,
               "peak_mem_kind": "cuda_max_memory_allocated" if device.type == "cuda" else "cpu_rss_high_water"}
     for side, figures in sides.items():
         result.update({f"{side}_{k}": v for k, v in figures.items()})
@@ -91,12 +95,42 @@ def _side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     for step in range(args.repeats + 1):
         batch = groups(args, model.config.vocab_size, args.seed + step)
         start = time.perf_counter()
-        losses.append(train_step(trainer, batch)["loss"])  # its one host sync waits for the device
+        with Fp32Matmuls() if args.fp32_matmuls else contextlib.nullcontext():
+            losses.append(train_step(trainer, batch)["loss"])  # its one host sync waits for the device
         seconds.append(time.perf_counter() - start)
         release_freed_memory(device)  # as the run does after each step
     peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda" else lifetime_high_water_bytes())
+    with Fp32Matmuls() if args.fp32_matmuls else contextlib.nullcontext():
+        one, two = (saved_bytes(trainer, args, rows) for rows in (1, 2))
+    positions = args.prompt_len + int(args.mean_len)
     return {"step_s": median(seconds[1:]), "peak_gb": peak / 1e9, "loaded_gb": loaded / 1e9,
-            "after_step_gb": rss_bytes() / 1e9, "first_loss": losses[0]}
+            "after_step_gb": rss_bytes() / 1e9, "first_loss": losses[0],
+            "saved_mb_per_position": (two - one) / positions / 1e6, "saved_fixed_mb": (2 * one - two) / 1e6}
+
+
+def saved_bytes(trainer: Any, args: argparse.Namespace, rows: int) -> int:
+    """Bytes the autograd graph keeps for the backward of the trainer's log-probs on `rows` padded rows
+    of --prompt-len + --mean-len tokens: distinct storages, the parameters' own excluded (autocast's
+    cached bf16 casts of them included). Two row counts give a per-position slope and a fixed part."""
+    models = [trainer.model] + ([trainer.working.model] if trainer.working is not None else [])
+    params = {p.untyped_storage().data_ptr() for m in models for p in m.parameters()}
+    vocab, n = trainer.model.config.vocab_size, int(args.mean_len)
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(vocab) for _ in range(args.prompt_len)]
+    samples = [Sample(prompt, Completion([rng.randrange(vocab) for _ in range(n)], [-2.0] * n, [0] * n))
+               for _ in range(rows)]
+    mb = collate(samples, trainer.pad_id, trainer.device)  # the padded layout: every position computed
+    seen: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        logp, _ = trainer._logprobs(trainer.model, mb)
+    del logp
+    return sum(seen.values())
 
 
 def report(r: dict[str, Any]) -> None:
@@ -104,6 +138,7 @@ def report(r: dict[str, Any]) -> None:
     for side in SIDES:
         print(f"  {side:<9} step {r[side + '_step_s']:.2f} s; {kind} {r[side + '_peak_gb']:.2f} GB "
               f"(after loading {r[side + '_loaded_gb']:.2f}, between steps {r[side + '_after_step_gb']:.2f}); "
-              f"first loss {r[side + '_first_loss']:.4f}")
+              f"first loss {r[side + '_first_loss']:.4f}; saved for the backward "
+              f"{r[side + '_saved_mb_per_position']:.3f} MB per position + {r[side + '_saved_fixed_mb']:.0f} MB")
     print(f"  masters / autocast  {r['masters_vs_autocast_peak']:.2f}x peak memory, "
           f"{r['masters_vs_autocast_step_s']:.2f}x step time", flush=True)
