@@ -90,7 +90,7 @@ def test_masters_learn_like_autocast_and_their_logprobs_stay_within_the_bf16_bou
         losses["autocast"].append(train_step(autocast, copy.deepcopy(groups))["loss"])
         losses["masters"].append(train_step(masters, copy.deepcopy(groups))["loss"])
     for run in losses.values():
-        assert run[-1] < run[0] - 0.05
+        assert run[-1] < run[0] - 0.02
     # Step by step the two follow each other to bf16 rounding.
     for a, b in zip(losses["autocast"], losses["masters"]):
         assert b == pytest.approx(a, abs=0.05 + 0.1 * abs(a))
