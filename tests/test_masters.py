@@ -7,6 +7,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
@@ -142,3 +144,25 @@ def test_tied_weights_stay_one_parameter_in_the_copy():
     work = WorkingCopy(model, torch.bfloat16)
     assert work.model.lm_head.weight is work.model.model.embed_tokens.weight
     assert len(work.params) == len(list(model.parameters()))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(passes=st.integers(1, 5), rows=st.integers(1, 6), tied=st.booleans())
+def test_property_master_grads_are_the_fp32_sums_of_every_backward(passes, rows, tied):
+    torch.manual_seed(passes * 100 + rows)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    if tied:
+        model[1].weight = model[0].weight
+    shadow = copy.deepcopy(model).to(torch.bfloat16)
+    work = WorkingCopy(model, torch.bfloat16)
+    expected = [torch.zeros_like(p) for p in model.parameters()]
+    for _ in range(passes):
+        ids = torch.randint(0, 11, (rows,))
+        for m in (work.model, shadow):
+            m(ids).float().square().sum().backward()
+        for total, p in zip(expected, shadow.parameters()):
+            total += p.grad.float()
+        shadow.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in work.params)
+    for master, total in zip(model.parameters(), expected):
+        torch.testing.assert_close(master.grad, total, rtol=0, atol=0)
