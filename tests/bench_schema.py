@@ -131,6 +131,17 @@ TRAIN_LORA = {
         ("publish_s", POSITIVE))},
     "lora_vs_full_tok_s": POSITIVE, "lora_vs_full_state": POSITIVE, "lora_vs_full_publish_bytes": POSITIVE,
 }
+TRAIN_PRECISION = {
+    "bench": exactly("train"), "variant": exactly("precision"), **ENVIRONMENT, "model": TEXT, "samples": SIZE,
+    "group_size": SIZE, "prompt_len": SIZE, "mean_len": POSITIVE, "max_len": SIZE, "budget": SIZE, "chunk": SIZE,
+    "repeats": SIZE, "fp32_matmuls": FLAG,
+    "peak_mem_kind": exactly("cuda_max_memory_allocated", "cpu_rss_high_water"),
+    **{f"{side}_{k}": kind for side in ("autocast", "masters") for k, kind in (
+        ("step_s", POSITIVE), ("peak_gb", POSITIVE), ("loaded_gb", POSITIVE), ("after_step_gb", POSITIVE),
+        ("first_loss", Field("a finite number", _number)), ("saved_mb_per_position", POSITIVE),
+        ("saved_fixed_mb", Field("a finite number", _number)))},
+    "masters_vs_autocast_peak": POSITIVE, "masters_vs_autocast_step_s": POSITIVE,
+}
 HEAD = {
     "bench": exactly("head"), **ENVIRONMENT, "tokens": SIZE, "hidden": SIZE, "vocab": SIZE, "chunk": SIZE,
     "dtype": DTYPE, "checkpoint_s": POSITIVE, "fused_s": POSITIVE, "speedup": POSITIVE,

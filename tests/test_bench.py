@@ -157,6 +157,19 @@ def test_train_lora_against_full_fine_tuning(capsys, tmp_path):
     assert (r["full_publish_mb"] * 1e6, r["lora_publish_mb"] * 1e6) == pytest.approx((base * 4, 4 * 196_608 * 4))
 
 
+def test_train_precision_compares_autocast_and_masters_on_the_same_batches(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "train", "--precision", "--samples", "4", "--group-size", "2", "--prompt-len",
+                  "4", "--mean-len", "6", "--max-len", "8", "--budget", "32", "--chunk", "8", "--repeats", "1",
+                  "--fp32-matmuls")
+    schema.check(r, schema.TRAIN_PRECISION)
+    assert r["fp32_matmuls"] is True
+    assert r["model"] == "random:tiny" and r["peak_mem_kind"] == "cpu_rss_high_water"
+    # The same weights and batch: the first losses differ by bf16 rounding only.
+    assert r["masters_first_loss"] == pytest.approx(r["autocast_first_loss"], abs=0.05)
+    for side in ("autocast", "masters"):  # each child's own high water holds its loaded model
+        assert r[f"{side}_peak_gb"] >= r[f"{side}_loaded_gb"]
+
+
 def test_padded_baseline_keeps_arrival_order_within_the_token_budget():
     from aioareal.bench.train import padded_groups, synthetic_samples
 

@@ -67,6 +67,7 @@ from .rss import HighWaters
 from .train_figures import VARIANTS, add_cpu_memory, add_peak_fractions, add_utilisation, report
 from .train_layouts import run_layouts
 from .train_lora import run_lora
+from .train_precision import run_precision
 
 LossFn = Callable[[PreTrainedModel, MicroBatch], torch.Tensor]
 
@@ -97,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="device peak TFLOPS for MFU (default: dense bf16 peak looked up for H100/H200/A100 "
                         "when training in bf16 or fp16 autocast; on the CPU MFU is shown only with this)")
+    p.add_argument("--precision", action="store_true",
+                   help="compare train.precision=autocast against masters instead: whole training steps, each side "
+                        "in its own process (peak memory, step time; --group-size samples per prompt)")
+    p.add_argument("--fp32-matmuls", action="store_true",
+                   help="--precision: bf16 matmuls computed in fp32 (bench/fp32_matmuls.py), for memory figures "
+                        "on a CPU without bf16 units; its times say nothing about bf16 speed")
     add_peak_argument(p)
 
 
@@ -200,6 +207,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_args(args)
     if args.layouts:
         return run_layouts(args)
+    if args.precision:
+        return run_precision(args)
     if args.lora_rank:
         return run_lora(args, chunked_loss(args.chunk), lambda vocab: synthetic_samples(
             args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed))

@@ -195,6 +195,11 @@ class TrainConfig:
     prefix_tree: bool | Literal["auto"] = doc("compute each distinct prefix of a micro-batch once, its sequences as a "
                                               "trie (identical completions, shared prompts); auto = on the CPU, for "
                                               "micro-batches where it computes at most 0.8x the positions", "auto")
+    precision: Literal["autocast", "masters"] = doc(
+        "how the trainer computes in a bf16 model.train_dtype: autocast = fp32 weights, each op cast to bf16; "
+        "masters = a bf16 working copy of the model runs forward and backward, the optimizer updates fp32 master "
+        "weights kept apart and copies them back (half the activation memory, no casts; one process, full "
+        "fine-tuning)", "autocast")
     max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
                                  "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 

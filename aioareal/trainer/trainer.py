@@ -23,6 +23,7 @@ from ..samples import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
 from .logprobs import TokenLogprobs, token_logprobs
+from .masters import working_copy
 from .objective import Totals, micro_loss
 from .optim import adamw_kind
 from .prefix_tree import use_tree
@@ -73,6 +74,11 @@ class Trainer:
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.autocast_dtype = autocast_dtype if _autocasts(self.device, autocast_dtype) else None
+        # train.precision=masters: forward and backward on a bf16 working copy, the optimizer on the
+        # fp32 masters (trainer/masters.py); the model keeps the masters for the weight sync and checkpoints.
+        self.working = working_copy(model, train.precision, self.autocast_dtype, collective.size > 1)
+        if self.working is not None:
+            self.policy = TokenLogprobs(self.working.model)
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
             weight_decay=self.algo.weight_decay, **adamw_kind(self.params))
@@ -110,7 +116,7 @@ class Trainer:
         self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
 
     def _autocast(self):
-        if self.autocast_dtype is None:
+        if self.autocast_dtype is None or self.working is not None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
@@ -126,6 +132,8 @@ class Trainer:
         """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
         micro-batches by the token budget and moved to the trainer's device."""
         self.model.train()  # a freshly loaded model is in eval mode
+        if self.working is not None:
+            self.working.model.train()
         m = self.algo.minibatches
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
@@ -184,6 +192,8 @@ class Trainer:
         if isinstance(norm, DTensor):  # sharded gradients: the global norm, the same on every rank
             norm = norm.full_tensor()
         self._optimizer_step(norm)
+        if self.working is not None:
+            self.working.refresh()
         # The update is applied: the gradients are not needed again until the next backward, and
         # a full model's worth of them would stay resident through generation.
         self.optimizer.zero_grad(set_to_none=True)
@@ -205,6 +215,8 @@ class Trainer:
     def _split_after_oom(self, part: list[MicroBatch]) -> list[MicroBatch]:
         """Out of memory in a micro-batch: halve every micro-batch (and the budget) and retry."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.working is not None:
+            self.working.drop_grads()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if all(mb.input_ids.shape[0] == 1 for mb in part):
@@ -264,6 +276,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.load_counters(state)
+        if self.working is not None:  # the masters may have been restored after the copy was made
+            self.working.refresh()
 
     def load_counters(self, state: dict) -> None:
         self.scheduler.load_state_dict(state["scheduler"])
