@@ -1,7 +1,7 @@
 """Loss math for the RL step: advantages, per-token objectives, KL, aggregation, grad clipping.
 
 Pure functions of tensors (no model, no config), so each formula is unit-tested alone
-(tests/test_losses.py). Shapes: N sequences x T token positions; `adv` is (N,) per sequence or
+(tests/trainer/test_losses.py). Shapes: N sequences x T token positions; `adv` is (N,) per sequence or
 (N, T) per token. The objectives return *per-token* losses; `aggregate` reduces them with the
 loss mask, so a caller can add a KL term per token first (docs/architecture.md rule 4).
 

@@ -1,5 +1,5 @@
 """One training step on a fixed global batch, in one process or on every rank of a torchrun job
-(tests/test_distributed.py compares the two), then the new weights gathered into a generator copy.
+(tests/distributed/test_distributed.py compares the two), then the new weights gathered into a generator copy.
 
     torchrun --nproc-per-node N tests/distributed_step.py OUT.pt [cuda] [fused-head]
 

@@ -3,14 +3,14 @@
 The engine's forward pass (forward.py for the plain Llama/Qwen decoder, family_forward.py for the
 others) reimplements each family's decoder over the model's own modules, so it is only right for
 families whose differences it knows: each claimed here is proven against the model's own forward
-in tests/test_families.py. Anything else gets a one-line reason, and the caller either refuses
+in tests/generation/test_families.py. Anything else gets a one-line reason, and the caller either refuses
 (the engine used directly) or routes the model to a backend built on the model's own forward.
 """
 from __future__ import annotations
 
 from typing import Any
 
-# Decoder families the engine implements, each with a test in tests/test_families.py.
+# Decoder families the engine implements, each with a test in tests/generation/test_families.py.
 ENGINE_FAMILIES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
     "granite", "smollm3",

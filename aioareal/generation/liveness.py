@@ -7,7 +7,7 @@ engine.py): each slot's remaining length and whether it stops on EOS go up once,
 with the prompt's other metadata; the EOS ids go up once, when the engine is built.
 
 The rule is kept in one place, `ended`, and it must agree with the host's `Engine._append`
-(tests/test_engine_overlap.py checks that the device's `live` equals the host's running set after
+(tests/generation/test_engine_overlap.py checks that the device's `live` equals the host's running set after
 every step of a plain engine).
 """
 from __future__ import annotations

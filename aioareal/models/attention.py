@@ -6,7 +6,7 @@ when the keys are few (the offline default's prompts and completions are about a
 it computes attention as two batched matmuls and a softmax, grouping query heads onto their key
 heads instead of repeating the keys: at those lengths torch's CPU flash kernel costs more than the
 arithmetic, so the trainer's step is faster with this path (README, The CPU default run). Results
-equal SDPA's to float rounding (tests/test_attention.py).
+equal SDPA's to float rounding (tests/trainer/test_attention.py).
 
 Sequences packed into one row (trainer/varlen.py) arrive with `cu_seq_lens_q` and attend within
 their own sequence only: torch's varlen flash kernel on CUDA; elsewhere SDPA per sequence on the

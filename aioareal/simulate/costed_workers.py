@@ -11,7 +11,7 @@ next moment the orchestrator must see (a group finished, or a group's worth of s
 durations summed in closed form (decodeplan.py); a new version, or the trainer starting or stopping
 on a shared device, cuts that sleep short at the end of the decode step in progress, so adoption
 happens between the same two steps as in the engine. Sequences carry only counters; their tokens
-and versions are written out when they finish. tests/test_simulate.py checks this fast path
+and versions are written out when they finish. tests/simulate/test_simulate.py checks this fast path
 against one decode step per call.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ProfiledGenerator(QueuedSequences):
                  single_steps: bool = False) -> None:
         self.p, self.device, self.trainer, self.slots, self.draw = profile, device, trainer, slots, draw
         # The reference path: one decode step per `step` call, as the engine does (the fast path
-        # sleeps to the next moment the orchestrator must see; the two agree, tests/test_simulate.py).
+        # sleeps to the next moment the orchestrator must see; the two agree, tests/simulate/test_simulate.py).
         self.single_steps = single_steps
         self.rng = random.Random(seed)  # the bench's ForcedLengths draws with the same seed, in the same order
         self.recompute_kv = recompute_kv

@@ -10,7 +10,7 @@ prompts' KV cache, and dynamo guards on that cache's per-layer state, so every l
 compiled anew (past torch's recompile limit). For the same reason the training forward asks for
 no KV cache (`use_cache=False`, trainer/logprobs.py): one graph serves every layer and shape.
 `dynamic=True` because micro-batch shapes (rows, width) change every step: with static shapes each
-new shape would compile again. peft's LoRA layers trace too (tests/test_train_compile.py: equal
+new shape would compile again. peft's LoRA layers trace too (tests/trainer/test_train_compile.py: equal
 to eager, adapters off for the KL reference included). What it buys is fused elementwise kernels
 (RMSNorm, RoPE, SiLU x up, residual adds) in forward and backward; on a GPU that is launch
 overhead and memory traffic saved. On a small CPU compiling a layer with inductor takes longer than

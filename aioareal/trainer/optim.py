@@ -7,7 +7,7 @@ on the CPU; on the CPU it is the fastest too (one pass over each tensor's data, 
 elementwise op, and the fewest dispatches). Fused is
 taken where every trained parameter is a floating tensor on one of those devices (all CUDA or all
 CPU); FSDP2's sharded parameters (DTensors) qualify too: torch 2.13 shards `_fused_adamw_` as a
-pointwise op over the local shards (tests/test_train_compile.py checks that it equals foreach on a
+pointwise op over the local shards (tests/trainer/test_train_compile.py checks that it equals foreach on a
 DTensor). Mixed devices take `foreach`.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 100 items of each split, the lines copied byte for byte in their original order. Chosen so the
 slice holds what the tests name and the answers that are hard to read: the first item of each
-split (tests/test_gsm8k.py reads test item 0), test items 611 and 796 (a relative tolerance would
+split (tests/grading/test_gsm8k.py reads test item 0), test items 611 and 796 (a relative tolerance would
 accept 1,450,001 for 611's 1,450,000), every answer written with a thousands separator or a minus
 sign (up to 20 of each per split), then items drawn with a fixed seed up to 100."""
 from __future__ import annotations

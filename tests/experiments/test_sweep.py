@@ -28,7 +28,7 @@ seeds: [0, 1]
 
 def write_spec(tmp_path: Path, text: str = SPEC) -> Path:
     path = tmp_path / "mini.yaml"
-    base = Path(__file__).resolve().parents[1] / "configs" / "tiny-arith.yaml"
+    base = Path(__file__).resolve().parents[2] / "configs" / "tiny-arith.yaml"
     path.write_text(text.format(base=base))
     return path
 

@@ -20,7 +20,7 @@ from aioareal.trainer.batching import pack
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.masters import WorkingCopy, working_copy
 
-# The bf16 bound tests/test_smollm2.py puts on a bf16 generator's log-probs against fp32 ones (nats).
+# The bf16 bound tests/models/test_smollm2.py puts on a bf16 generator's log-probs against fp32 ones (nats).
 BF16_MEAN, BF16_MAX = 0.1, 0.6
 CPU = torch.device("cpu")
 

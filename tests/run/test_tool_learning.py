@@ -17,7 +17,7 @@ from aioareal.run.warmup import extra_examples, warmup_examples
 # The full config (150 steps) went from 0.000 to 0.955 by step 25 and ended at 0.93
 # (docs/log/2026-11-episodes.md); 30 steps leave room for a slower seed.
 STEPS = 30
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny-calculator.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-calculator.yaml"
 
 
 @pytest.mark.slow

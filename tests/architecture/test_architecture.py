@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "aioareal"
+PACKAGE = Path(__file__).resolve().parents[2] / "aioareal"
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 MAX_ROOT_MODULES = 12
@@ -316,3 +316,16 @@ def test_the_whole_config_check_sees_an_import_and_annotations():
         "aioareal.tasks.example:4 annotates with Config: Config | None"]
     assert whole_config_uses("aioareal.tasks.example", "from ..config import DataConfig\n"
                                                        "def build(data: DataConfig) -> None: ...\n") == []
+
+
+def test_tests_mirror_the_package_layout():
+    """Each test file sits in tests/<package>/, named for the package (or root module) it tests, or in
+    tests/architecture/ for the repository-wide rules; tests/ itself holds only shared helpers."""
+    tests = PACKAGE.parent / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} | {
+        p.stem for p in PACKAGE.glob("*.py")}
+    assert folders - packages == {"architecture"}, f"test folders naming no package: {folders - packages}"
+    assert not list(tests.glob("test_*.py")), "test files loose in tests/: put each in its package's folder"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), "two test files share a name (pytest imports them by file name)"

@@ -1,6 +1,6 @@
 """Issue 28's pieces one at a time: number words, paired units, trailers, boxes, and the rule for
 which answer is final, with property tests for their invariants. The cases a careful grader scored
-are in tests/data/grading (`tests/test_grading.py`)."""
+are in tests/data/grading (`tests/grading/test_grading.py`)."""
 from __future__ import annotations
 
 from fractions import Fraction

@@ -17,7 +17,7 @@ from aioareal.errors import SHOWN_CHARS, UserError, shown
 from aioareal.experiments.load import read_config
 from aioareal.experiments.sweep import read_spec
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def laughs(levels: int, at: str) -> str:

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LEFT_BEHIND = (".git", "runs", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
 
 

@@ -21,7 +21,7 @@ from aioareal.distributed.world import World
 from aioareal.models import random_model
 from aioareal.trainer import logprobs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = ["--no-dashboard", "model.name=random:tiny", "algo.batch_groups=4", "algo.group_size=4", "data.eval_size=8"]
 
 

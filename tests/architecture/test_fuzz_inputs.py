@@ -244,7 +244,7 @@ def test_sweep_files(text: str) -> None:
 
 # -- end to end: the same through `python -m aioareal` ------------------------------------------------------
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     return subprocess.run([sys.executable, "-m", "aioareal", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, errors="replace", timeout=120)
 

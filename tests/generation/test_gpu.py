@@ -164,7 +164,7 @@ def test_one_rank_torchrun_with_nccl_fsdp2_on_cuda(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "nccl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
 

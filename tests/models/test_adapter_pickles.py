@@ -86,7 +86,7 @@ def test_dependency_floors_close_the_named_cves_and_the_installed_versions_meet_
 
     from packaging.version import Version
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     pyproject = (root / "pyproject.toml").read_text()
     reliability = (root / "docs" / "reliability.md").read_text()
     for name, (floor, cve) in FLOORS.items():

@@ -16,7 +16,7 @@ from store_probe import listening
 from aioareal.distributed.torchrun import BoundTCPStore, endpoint_host, is_loopback
 
 LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
-PROBE = Path(__file__).with_name("store_probe.py")
+PROBE = Path(__file__).resolve().parents[1] / "store_probe.py"
 
 
 def test_a_bound_store_listens_on_loopback_only_and_serves_clients():

@@ -77,7 +77,7 @@ STEPS = 8
 @pytest.mark.skipif(not bf16_units(cpu_flags()), reason="needs a CPU with AVX-512 BF16 or AMX (bf16 matmuls)")
 def test_a_short_rl_run_raises_held_out_reward(smollm2, tmp_path):
     config = load_config(
-        path=Path(__file__).parents[1] / "configs" / "smollm2-sums.yaml",
+        path=Path(__file__).parents[2] / "configs" / "smollm2-sums.yaml",
         overrides=[f"train.steps={STEPS}",
                    "algo.batch_groups=4", "algo.group_size=8", "generation.max_new_tokens=48",
                    "algo.lr=4e-5", "data.eval_size=60", f"eval.every={STEPS}"],

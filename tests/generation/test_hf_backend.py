@@ -174,7 +174,7 @@ def test_episode_turns_pause_at_stop_strings_and_resume():
 
 # The default sync run (B=32, G=8, lr 1e-4) on the fallback, seed 0: held-out 0.315 at the warm
 # start, 0.46 after 40 steps, 0.43 after 80; the training reward 0.14 -> 0.3 (the engine's runs in
-# tests/test_learning.py move alike). About 5 minutes on a busy 2-core machine.
+# tests/run/test_learning.py move alike). About 5 minutes on a busy 2-core machine.
 LEARN_STEPS = 80
 
 

@@ -1,5 +1,5 @@
 """The engine's host->device uploads (generation/upload.py): the same tensors `torch.tensor` builds.
-On the CPU they are plain tensors; tests/test_gpu.py checks the pinned, non-blocking CUDA path."""
+On the CPU they are plain tensors; tests/generation/test_gpu.py checks the pinned, non-blocking CUDA path."""
 import torch
 
 from aioareal.generation.upload import upload, upload_padded

@@ -137,7 +137,7 @@ def test_wandb_and_trackio_log_offline(tmp_path, name):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     proc = subprocess.run([sys.executable, "-c", OFFLINE, name, str(run_dir)], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr[-2000:]
     if name == "wandb":
         assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))

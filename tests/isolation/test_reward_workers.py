@@ -28,7 +28,7 @@ from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tasks.scoring import GradedScorer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
