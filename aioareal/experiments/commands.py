@@ -60,19 +60,24 @@ def cmd_sweep(argv: list[str]) -> int:
     p.add_argument("--runs-root", default="runs", help="parent of the sweep directory (default runs)")
     p.add_argument("--report", action="store_true", help="write plots and report.md to plots/<name>/ at the end")
     p.add_argument("--no-dashboard", action="store_true", help="one plain line per step instead of the dashboard")
+    p.add_argument("--shard", default="0/1",
+                   help="I/N: run only every N-th run from run I (0-based), to share a sweep between N processes")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
     args = p.parse_args(argv)
 
     def go() -> int:
-        from .sweep import plan, run_sweep
+        from .sweep import parse_shard, plan, run_sweep, shard_of
 
+        shard = parse_shard(args.shard)
         if args.dry_run:
             name, runs = plan(args.spec, args.runs_root)
+            runs = shard_of(runs, shard)
             print(f"sweep {name}: {len(runs)} runs under {Path(args.runs_root) / name}")
             for run in runs:
                 print(f"  {run.name:<40} {run.status}")
             return 0
-        sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None)
+        sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None,
+                              shard=shard)
         if args.report:
             from .study_report import write_report
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_write_text
+from .distributions import distribution_sections
 from .load import Run, by_configuration, choose_threshold, load_runs
 from .plots import FILES, plot_runs
 
@@ -174,6 +175,7 @@ def write_report(path: str | Path, out_dir: str | Path, threshold: float | None 
               "Samples/s: trained samples / wall-clock time of the last step. Dropped: stale groups / admitted "
               "groups.", "", "## Configurations", ""]
     lines += [describe(label, groups[label], row, value) for label, (_, row) in zip(groups, table.iterrows())]
+    lines += distribution_sections(groups)
     lines += diagnostics_section(groups)
     lines += ["", "## Figures", ""]
     for fig in figures:

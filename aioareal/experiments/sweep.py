@@ -120,12 +120,28 @@ def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[Pl
     return name, runs
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """'I/N' -> (I, N): this process runs every N-th run of the plan, starting at run I (0-based)."""
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise UserError(f"--shard: expected I/N with 0 <= I < N (e.g. 0/2), got {text!r}")
+    return int(index), int(count)
+
+
+def shard_of(runs: list[PlannedRun], shard: tuple[int, int]) -> list[PlannedRun]:
+    """The runs of one shard: N processes with shards 0/N .. N-1/N share a sweep without overlap
+    (one process runs one run at a time, docs/architecture.md#data-flow; more cores, more processes)."""
+    index, count = shard
+    return runs[index::count]
+
+
 def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[str], None] = print,
-              dashboard: str | None = None) -> Path:
+              dashboard: str | None = None, shard: tuple[int, int] = (0, 1)) -> Path:
     from ..run.recipe import train
     from ..run.resume import resume
 
     name, runs = plan(path, runs_root)
+    runs = shard_of(runs, shard)
     started = time.monotonic()
     for i, run in enumerate(runs, 1):
         status = run.status

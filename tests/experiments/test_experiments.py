@@ -194,3 +194,25 @@ def test_cli_plot_default_out_and_errors(sweep, tmp_path, monkeypatch, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_staleness_distribution_and_idle_tables(sweep):
+    from aioareal.experiments.distributions import distribution_sections, idle_table, staleness_table
+    from aioareal.experiments.load import by_configuration
+
+    groups = by_configuration(load_runs(sweep))
+    stale = staleness_table(groups).set_index("configuration")
+    # async: seed 0 trains 8 samples a step at staleness 0, 1, 2, 2; seed 1 at 0, 0, 1, 2 (64 pooled)
+    assert stale.loc[ASYNC, "samples"] == 64 and stale.loc[ASYNC, "max"] == 2
+    assert [stale.loc[ASYNC, str(k)] for k in range(4)] == pytest.approx([3 / 8, 2 / 8, 3 / 8, 0])
+    assert stale.loc[ASYNC, "mean"] == "1.00 (0.75-1.25)" and stale.loc[SYNC, "mean"] == "0.00 (0.00-0.00)"
+    assert stale.loc[SYNC, "0"] == 1.0
+    idle = idle_table(groups).set_index("configuration")
+    assert idle.loc[SYNC, "gen_idle_frac"] == "50% (50%-50%)" and idle.loc[ASYNC, "train_idle_frac"] == "25% (25%-25%)"
+    assert idle.loc[SYNC, "samples_per_s"] == "7.20 (6.40-8.00)"  # 32 samples in 4.0 s and in 5.0 s
+    text = "\n".join(distribution_sections(groups))
+    assert "## Staleness distribution" in text and "| mode=async K=2 | 64 | 1.00 (0.75-1.25) | 2 | 37.5% |" in text
+    for run in groups[ASYNC] + groups[SYNC]:  # without samples.jsonl only the idle table is left
+        (run.dir / "samples.jsonl").unlink()
+    text = "\n".join(distribution_sections(by_configuration(load_runs(sweep))))
+    assert "Staleness distribution" not in text and "## Idle time and throughput" in text

@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aioareal.errors import UserError
-from aioareal.experiments.sweep import plan
+from aioareal.experiments.sweep import parse_shard, plan, shard_of
 
 SPEC = """
 name: mini
@@ -49,6 +51,28 @@ def test_invalid_points_fail_before_anything_runs(tmp_path):
                                                "{{rollout.mode: sync, rollout.max_staleness: 3}}")))
     with pytest.raises(UserError, match="unknown sweep key"):
         plan(write_spec(tmp_path, SPEC + "\ngrids: {{}}\n"))
+
+
+@given(st.integers(1, 12), st.integers(0, 30))
+@settings(max_examples=50, deadline=None)
+def test_shards_split_the_plan_into_disjoint_parts_that_cover_it(count, n_runs):
+    runs = list(range(n_runs))
+    parts = [shard_of(runs, parse_shard(f"{i}/{count}")) for i in range(count)]
+    assert sorted(r for part in parts for r in part) == runs
+    assert all(len(part) in (n_runs // count, -(-n_runs // count)) for part in parts)  # balanced
+
+
+def test_shard_dry_run_lists_its_runs_and_bad_shards_fail_in_one_line(tmp_path, capsys):
+    from aioareal.cli import main
+
+    spec = write_spec(tmp_path)
+    assert main(["sweep", str(spec), "--dry-run", "--shard", "1/2", "--runs-root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs" in out and "mode=sync_seed=1" in out and "mode=async_K=2_seed=1" in out and "seed=0" not in out
+    for bad in ("2/2", "1", "a/b", "-1/2", "0/0"):
+        assert main(["sweep", str(spec), "--dry-run", f"--shard={bad}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --shard") and "\n" not in err
 
 
 def sweep(spec: Path, root: Path) -> subprocess.Popen:
