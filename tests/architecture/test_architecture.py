@@ -1,44 +1,19 @@
-"""House checks on the package's shape: every import points down the layers (LAYERS, lazy imports
-inside functions and under `if TYPE_CHECKING:` included), no import cycle, at most 12 modules loose at
-the package root, no file over 300 lines, no function over 50, no two modules with one file name."""
+"""House checks on the package's shape: every import points down the layers (LAYERS in
+tests/layers.py; lazy imports inside functions and under `if TYPE_CHECKING:` included), no import
+cycle, at most 12 modules loose at the package root, no file over 300 lines, no function over 50, no
+two modules with one file name, no whole Config below run/, tests in their package's folder."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from layers import is_ancestor, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[2] / "aioareal"
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 MAX_ROOT_MODULES = 12
 
-# Lowest first: a module may import its own layer and the layers below it, never one above. A
-# package is named for all its modules; a new package or root module must be placed here.
-LAYERS = [
-    ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.losses",
-     "aioareal.usercode"],  # usercode: users' reward functions, episodes and tools by import path
-    ["aioareal.config"],
-    ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
-    ["aioareal.models"],
-    ["aioareal.isolation"],  # threads and worker processes for code that may hang: verifiers, reward functions, tools
-    ["aioareal.grading"],  # the GSM8K answer reader: the final answer, read as a number, checked
-    ["aioareal.tasks", "aioareal.prompts"],
-    ["aioareal.rewards"],  # the reward service: a group scored under one deadline, failures counted
-    ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
-    ["aioareal.samples"],  # the Group record: an example in, completions, rewards, advantages
-    ["aioareal.generation"],
-    ["aioareal.episodes"],  # multi-turn episodes: coroutines asking the engine for turns, tools between them
-    ["aioareal.checkpoint"],
-    ["aioareal.weightsync"],
-    ["aioareal.trainer"],
-    ["aioareal.orchestrator", "aioareal.evaluate"],  # evaluate: held-out sets on the engine, scored; pass@k, maj@k
-    ["aioareal.monitor"],
-    ["aioareal.run"],
-    ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models
-    ["aioareal.simulate"],
-    ["aioareal.bench"],
-    ["aioareal.experiments"],
-    ["aioareal.cli", "aioareal.__main__", "aioareal"],
-]
 
 
 def module_name(path: Path) -> str:
@@ -62,10 +37,6 @@ def import_targets(module: str, path: Path, node: ast.Import | ast.ImportFrom) -
     else:
         base = node.module or ""
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
-
-
-def is_ancestor(package: str, module: str) -> bool:
-    return module == package or module.startswith(package + ".")
 
 
 def import_graph() -> dict[str, dict[str, str]]:
@@ -155,16 +126,6 @@ def test_no_import_cycles():
                 shown.update(cycle)
                 report += [f"    {a} -> {b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
     assert not report, "\n" + "\n".join(report)
-
-
-def layer_of(module: str) -> int | None:
-    """The index in LAYERS of the longest name that is `module` or a package holding it."""
-    best: tuple[int, int] | None = None
-    for index, names in enumerate(LAYERS):
-        for name in names:
-            if is_ancestor(name, module) and (best is None or len(name) > best[1]):
-                best = (index, len(name))
-    return None if best is None else best[0]
 
 
 def upward_imports(graph: dict[str, dict[str, str]]) -> list[str]:
