@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
+from aioareal.group import Completion, Group
 from aioareal.models import random_model
-from aioareal.samples import Completion, Group
 
 
 def tiny(seed: int = 3, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from aioareal.samples import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Sample, Turn
+from aioareal.group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Sample, Turn
 
 
 def episode(prompt: list[int], segments: list[tuple[str, list[int]]], version: int = 0,

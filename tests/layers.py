@@ -12,10 +12,10 @@ LAYERS = [
     ["aioareal.models"],
     ["aioareal.isolation"],  # threads and worker processes for code that may hang: verifiers, reward functions, tools
     ["aioareal.grading"],  # the GSM8K answer reader: the final answer, read as a number, checked
-    ["aioareal.tasks", "aioareal.prompts"],
+    ["aioareal.tasks", "aioareal.prompt_stream"],
     ["aioareal.rewards"],  # the reward service: a group scored under one deadline, failures counted
     ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
-    ["aioareal.samples"],  # the Group record: an example in, completions, rewards, advantages
+    ["aioareal.group"],  # the Group record: an example in, completions, rewards, advantages
     ["aioareal.generation"],
     ["aioareal.episodes"],  # multi-turn episodes: coroutines asking the engine for turns, tools between them
     ["aioareal.checkpoint"],

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aioareal.generation.sequence import GroupTally
-from aioareal.samples import Completion, Group
+from aioareal.group import Completion, Group
 from aioareal.simulate.queued import QueuedSequences
 
 

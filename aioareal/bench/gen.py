@@ -25,8 +25,8 @@ from ..config import Config, RunConfig
 from ..config import GenerationConfig as GenerationSettings  # transformers has a GenerationConfig too
 from ..errors import UserError
 from ..generation import Engine
+from ..group import Group
 from ..run.build import build_engine, context_length
-from ..samples import Group
 from .engine_phases import PhaseRounds, phase_figures
 from .harness import (
     alternate,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from ..grading.verify import math_equal
+from ..group import Completion, Group, Sample
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..rewards.service import RewardService
-from ..samples import Completion, Group, Sample
 from ..simulate.lengths import length_sampler
 from ..tasks.base import Example
 from ..tasks.scoring import per_item

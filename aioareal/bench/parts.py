@@ -14,11 +14,11 @@ import torch
 
 from ..checkpoint import RunState
 from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunConfig, TrainConfig
+from ..group import Group
 from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
-from ..prompts import PromptSource
+from ..prompt_stream import PromptSource
 from ..run.build import Models, build_engine, build_trainer, build_workers, context_length
 from ..run.events import run_event_loop
-from ..samples import Group
 from ..tasks.base import Example
 from ..trainer import Trainer
 from ..trainer.batching import computed_positions

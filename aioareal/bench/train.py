@@ -40,7 +40,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import UserError
-from ..samples import Completion, Sample
+from ..group import Completion, Sample
 from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..samples import Completion, Sample
+from ..group import Completion, Sample
 from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, plan
 from ..trainer.logprobs import token_logprobs

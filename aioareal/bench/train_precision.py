@@ -34,7 +34,7 @@ import torch
 from ..config import load_config
 from ..devices import release_freed_memory
 from ..errors import UserError
-from ..samples import Completion, Group, Sample
+from ..group import Completion, Group, Sample
 from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import collate
 from .fp32_matmuls import Fp32Matmuls

@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..samples import Group
+from ..group import Group
 from .queue import Ask, TurnQueue
 from .runner import EpisodeRunner
 

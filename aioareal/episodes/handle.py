@@ -4,7 +4,7 @@
     gen.observe(await gen.call("calculator", expr))  # the world answers: observation tokens, no loss
     return await gen.score(final_answer)           # the task's reward (or return your own number)
 
-Everything lands in the sample's one record (samples.py): the turns' tokens in order, each turn's
+Everything lands in the sample's one record (group.py): the turns' tokens in order, each turn's
 role and text, each tool call. One turn at a time: `turn` and `observe` refuse while a turn is in
 the engine. An episode that stops awaiting a turn (a timeout of its own) leaves the sequence
 running in the engine; the turn is recorded when it ends, and the group is handed on only then.
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..samples import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
+from ..group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
 from ..tools import ERROR_PREFIX, ToolBox
 from .codec import Codec
 from .queue import TurnQueue

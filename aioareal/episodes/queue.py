@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..generation.turns import StopStrings, TurnRequest
-from ..samples import Group
+from ..group import Group
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..samples import MODEL, Group
+from ..group import MODEL, Group
 from ..usercode import resolve_spec
 from .handle import EpisodeContext, EpisodeGen
 from .steps import MAX_STEP_S, timed_steps

@@ -14,8 +14,8 @@ from transformers import PreTrainedModel
 
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
+from ..group import Completion, Group
 from ..rewards.service import RewardService
-from ..samples import Completion, Group
 from ..tasks.base import Example
 
 MAX_SLOTS = 256  # KV-cache slots of one engine: enough to batch a whole small set at once

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import UserError
-from ..samples import Group
+from ..group import Group
 from .engine import Engine
 from .families import unsupported_reason
 from .hf_backend import HFEngine

@@ -31,7 +31,7 @@ import contextlib
 import torch
 from transformers import PreTrainedModel
 
-from ..samples import Group
+from ..group import Group
 from ..timing import PhaseTimer
 from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
 from .family_forward import build_forward

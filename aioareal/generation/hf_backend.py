@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..samples import Group
+from ..group import Group
 from ..timing import PhaseTimer
 from .inflight import StepOutput
 from .options import EngineOptions

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..samples import Group
+from ..group import Group
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Running

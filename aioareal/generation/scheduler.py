@@ -10,7 +10,7 @@ import heapq
 import itertools
 from collections import deque
 
-from ..samples import Group
+from ..group import Group
 from .inflight import StepOutput
 from .sequence import GroupTally, Running
 from .turns import TurnEnds, TurnRequest

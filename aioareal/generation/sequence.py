@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..samples import Completion, Group
+from ..group import Completion, Group
 from .turns import TurnRequest
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..samples import Group
+from ..group import Group
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from ..samples import Group
+from ..group import Group
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from ..checkpoint import RunState
 from ..errors import UserError
-from ..prompts import PromptSource
-from ..samples import Group
+from ..group import Group
+from ..prompt_stream import PromptSource
 from .admission import Admission, Ledger, OldestFirstBuffer
 from .step_report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker

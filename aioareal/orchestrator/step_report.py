@@ -8,7 +8,7 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from ..checkpoint import RunState
-from ..samples import MODEL, Group, Sample
+from ..group import MODEL, Group, Sample
 
 
 @dataclass

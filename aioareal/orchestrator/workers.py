@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ..devices import release_freed_memory
-from ..samples import Group
+from ..group import Group
 from ..timing import merge
 from ..trainer import train_step
 

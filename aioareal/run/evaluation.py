@@ -18,8 +18,8 @@ from ..distributed.reduce import Collective
 from ..evaluate.pass_at_k import PromptVerdicts, sampled_figures
 from ..evaluate.scored_completions import generate
 from ..generation import SamplingParams
+from ..group import Completion
 from ..orchestrator.step_report import PROMPT_TEXT_CHARS
-from ..samples import Completion
 from ..tasks.base import Example
 
 

@@ -28,7 +28,7 @@ from ..monitor.live import LiveState
 from ..monitor.plain import wants_dashboard
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
-from ..prompts import PromptSource
+from ..prompt_stream import PromptSource
 from ..rewards.service import RewardService
 from .build import (
     build_data,

@@ -28,9 +28,9 @@ from ..episodes.local import drive
 from ..errors import ConfigError
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
+from ..group import Group
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
-from ..samples import Group
 from ..tasks.base import Example, Task
 from ..tools import ToolBox, build_toolbox
 from .evaluation import EvalSet, Evaluator, KeptCompletions

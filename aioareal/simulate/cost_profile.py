@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
-from ..samples import Sample
+from ..group import Sample
 from ..trainer.batching import computed_positions
 
 FORMAT = "aioareal-profile/1"

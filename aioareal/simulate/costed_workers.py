@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..generation.decode_rules import SHORT_SPAN, live_decode_pays
 from ..generation.sequence import GroupTally
-from ..samples import Group
+from ..group import Group
 from .contention import Device, Lockstep, sleep_unless
 from .cost_profile import Profile
 from .decodeplan import Segment, plan_seconds, steps_begun

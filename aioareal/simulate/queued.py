@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sized
 
-from ..samples import Group
+from ..group import Group
 
 
 class QueuedSequences:

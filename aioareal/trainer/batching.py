@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..samples import Sample
+from ..group import Sample
 from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to

@@ -35,8 +35,8 @@ from typing import Literal
 import torch
 
 from ..errors import UserError
+from ..group import Sample
 from ..models.attention import ATTENTION
-from ..samples import Sample
 from .body import decoder
 
 # Nodes per row: at most the CPU's short-attention key length (models/attention.py), so every row

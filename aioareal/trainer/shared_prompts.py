@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..samples import Sample
+from ..group import Sample
 from .body import decoder
 
 

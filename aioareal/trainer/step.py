@@ -9,7 +9,7 @@ import torch
 
 from .. import losses
 from ..errors import UserError
-from ..samples import Group
+from ..group import Group
 from ..timing import PhaseTimer
 from .trainer import StepSums, Trainer
 

@@ -19,7 +19,7 @@ from ..config import AlgoConfig, TrainConfig
 from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..generation.layer_plan import sliding_windows
-from ..samples import Group
+from ..group import Group
 from .batching import MicroBatch, pack
 from .compiled import layers_compiled
 from .logprobs import TokenLogprobs, token_logprobs

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from ..group import Sample
 from ..models.attention import ATTENTION, varlen_kernel_available
-from ..samples import Sample
 
 
 @dataclass

@@ -23,7 +23,7 @@ from aioareal.config import load_config
 from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
 from aioareal.orchestrator import StepReport
-from aioareal.prompts import PromptSource
+from aioareal.prompt_stream import PromptSource
 from aioareal.run.cell import LocalCell, cell_for
 from aioareal.run.merge import merge_rows, merge_samples
 from aioareal.run.rank_hooks import RankHooks

@@ -17,8 +17,8 @@ from aioareal.episodes.builtin import call_of
 from aioareal.episodes.local import drive
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
+from aioareal.group import MODEL, OBS_VERSION, Group
 from aioareal.models.tokenizer import build_char_tokenizer
-from aioareal.samples import MODEL, OBS_VERSION, Group
 from aioareal.tasks.base import Example
 from aioareal.tools import Tool, ToolBox, build_toolbox
 

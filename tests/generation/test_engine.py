@@ -5,7 +5,7 @@ from engine_helpers import adopt_after, generate, random_groups, reference_logpr
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.sampling import sample
-from aioareal.samples import Group
+from aioareal.group import Group
 
 
 @pytest.mark.parametrize("adopt_at, recompute", [(None, True), (4, True), (4, False)])

@@ -9,7 +9,7 @@ from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.forward import FastForward
 from aioareal.generation.fusion import fuse, shares_storage
 from aioareal.generation.upload import upload_padded
-from aioareal.samples import Group
+from aioareal.group import Group
 from aioareal.weightsync.full import WeightSync
 
 CPU = torch.device("cpu")

@@ -17,8 +17,8 @@ from engine_helpers import (
 
 from aioareal.config import load_config
 from aioareal.generation.engine import resolve_overlap
+from aioareal.group import Group
 from aioareal.run.recipe import train
-from aioareal.samples import Group
 
 
 def test_greedy_completions_identical_with_and_without_overlap():

@@ -9,7 +9,7 @@ from engine_helpers import WANDER_EOS, reference_logprobs, wandering_engine, wan
 
 from aioareal.generation import Engine, SamplingParams
 from aioareal.generation.turns import StopStrings, TurnRequest
-from aioareal.samples import MODEL, OBS_LOGPROB, OBS_VERSION, Group, Turn
+from aioareal.group import MODEL, OBS_LOGPROB, OBS_VERSION, Group, Turn
 
 STOP_EVERY = 5  # the fake decode below writes "]" for every token id divisible by 5
 

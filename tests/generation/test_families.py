@@ -17,7 +17,7 @@ from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.family_forward import FamilyForward, build_forward
-from aioareal.samples import Completion, Group, Sample
+from aioareal.group import Completion, Group, Sample
 from aioareal.trainer import Trainer
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

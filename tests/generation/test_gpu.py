@@ -10,7 +10,7 @@ import torch
 from engine_helpers import generate, reference_logprobs, tiny
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.samples import Group
+from aioareal.group import Group
 from aioareal.weightsync.full import WeightSync
 
 pytestmark = pytest.mark.gpu

@@ -9,8 +9,8 @@ from torch import nn
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.packed import PackedLinears, packing_pays
+from aioareal.group import Group
 from aioareal.models import random_model
-from aioareal.samples import Group
 
 BF16 = torch.bfloat16
 needs_onednn = pytest.mark.skipif(not packing_pays(torch.zeros(1, dtype=BF16), False), reason="no oneDNN packing here")

@@ -14,7 +14,7 @@ from engine_helpers import (
 
 from aioareal.generation.prefix import layout_of, shared_prefix_attention
 from aioareal.generation.sequence import Running
-from aioareal.samples import Completion, Group
+from aioareal.group import Completion, Group
 
 
 def _scene(dtype=torch.float32, slots=12, max_len=40, kv_heads=2, heads=6, dim=8):

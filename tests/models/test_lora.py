@@ -13,8 +13,8 @@ from engine_helpers import generate, reference_logprobs, tiny
 from aioareal.config import AlgoConfig, TrainConfig, load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
+from aioareal.group import Completion, Group, Sample
 from aioareal.models import lora
-from aioareal.samples import Completion, Group, Sample
 from aioareal.trainer import Trainer, train_step
 from aioareal.weightsync.full import WeightSync
 from aioareal.weightsync.merged_lora import LoraSync

@@ -16,10 +16,10 @@ from aioareal.bench.peak import bf16_units, cpu_flags
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
+from aioareal.group import Group
 from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
 from aioareal.models.load_policy import resolve_source
 from aioareal.run.recipe import train
-from aioareal.samples import Group
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("gguf")

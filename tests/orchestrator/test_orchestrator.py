@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from simulated_workers import SimulatedGenerator, SimulatedTrainer
 
 from aioareal.checkpoint import RunState
+from aioareal.group import Completion, Group, Sample
 from aioareal.orchestrator import Orchestrator, Schedule
 from aioareal.orchestrator.admission import Admission, OldestFirstBuffer
-from aioareal.prompts import PromptSource
-from aioareal.samples import Completion, Group, Sample
+from aioareal.prompt_stream import PromptSource
 from aioareal.simulate.lengths import gsm8k_like_length
 from aioareal.simulate.virtualclock import run_virtual
 from aioareal.tasks.base import Example

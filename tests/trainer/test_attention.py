@@ -89,7 +89,7 @@ def test_under_cpu_autocast_fp32_queries_take_the_16bit_key_limit(monkeypatch):
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_models_load_with_it_and_log_probs_match_sdpa(shared):
-    from aioareal.samples import Completion, Sample
+    from aioareal.group import Completion, Sample
     from aioareal.trainer.batching import pack
 
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=3)

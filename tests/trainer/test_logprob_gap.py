@@ -11,7 +11,7 @@ import torch
 from hand_groups import CPU, groups_with_behaviour, known_shift, trainer_for
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.samples import Completion, Group, Sample
+from aioareal.group import Completion, Group, Sample
 from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate

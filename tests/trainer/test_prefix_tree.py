@@ -18,8 +18,8 @@ from layout_helpers import (
 )
 
 from aioareal.errors import UserError
+from aioareal.group import Sample
 from aioareal.models import random_model
-from aioareal.samples import Sample
 from aioareal.trainer.batching import collate, computed_positions
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.prefix_tree import build_tree, plan_rows, use_tree, worthwhile_plan

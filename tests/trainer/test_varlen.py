@@ -20,9 +20,9 @@ from layout_helpers import (
 )
 
 from aioareal.errors import UserError
+from aioareal.group import Sample
 from aioareal.models import random_model
 from aioareal.models.attention import block_causal_mask, packed_attention
-from aioareal.samples import Sample
 from aioareal.trainer.batching import collate
 from aioareal.trainer.varlen import build_varlen, use_varlen
 
