@@ -11,9 +11,6 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    # The slow tests first: under pytest-xdist (-n 2 --maxschedchunk 1, as .ci/run) each worker then
-    # starts a long test early, and the short ones fill in, rather than one long test ending the run alone.
-    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
