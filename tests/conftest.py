@@ -2,7 +2,6 @@
 the suite trains it once per checkout."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import gsm8k_data
@@ -19,14 +18,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-# Two threads per test process; under pytest-xdist (as .ci/run uses) the cores are split between
-# the workers, since oversubscribed OpenMP threads spin against each other.
-TEST_THREADS = max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-
-
 @pytest.fixture(autouse=True)
 def _torch_threads():
-    torch.set_num_threads(TEST_THREADS)
+    torch.set_num_threads(2)
     yield
 
 
