@@ -1,10 +1,12 @@
 """Run under torchrun by test_store_binding.py: joins a 2-rank gloo job as the README's CPU example
-does, then prints, as JSON, the addresses its own process and torchrun's (its parent) listen on."""
+does, then writes, as JSON in `report-RANK.json` in the working directory, the addresses its own process and
+torchrun's (its parent) listen on. A file per rank, not stdout: two ranks printing at once can interleave."""
 from __future__ import annotations
 
 import json
 import os
 import re
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -31,7 +33,7 @@ def listening(pid: int) -> list[str]:
 if __name__ == "__main__":
     dist.init_process_group("gloo")
     dist.barrier()
-    print(json.dumps({"rank": os.environ["RANK"], "worker": listening(os.getpid()),
-                      "torchrun": listening(os.getppid())}), flush=True)
+    report = {"rank": os.environ["RANK"], "worker": listening(os.getpid()), "torchrun": listening(os.getppid())}
+    Path(f"report-{os.environ['RANK']}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()

@@ -50,7 +50,7 @@ def test_the_readme_single_machine_job_listens_on_loopback_only(tmp_path):
     done = subprocess.run([sys.executable, "-m", "aioareal.distributed.torchrun", "--nproc-per-node", "2", str(PROBE)],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("report-*.json"))]
     assert sorted(r["rank"] for r in reports) == ["0", "1"]
     addresses = {a for r in reports for a in r["worker"] + r["torchrun"]}
     assert reports[0]["torchrun"]  # torchrun's store is there to be checked
