@@ -57,6 +57,8 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
+    if args.resume is None:
+        load(args)  # a bad flag or file fails here in a second, before torch and transformers load
     from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
     from .run.cell import cell_for
     from .run.recipe import train

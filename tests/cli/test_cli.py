@@ -25,6 +25,14 @@ def test_bad_input_is_one_line_with_exit_code_2(args, expected, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args", [["algo.lrr=1"], ["algo.batch_groups=-1"], ["--config", "missing.yaml"]])
+def test_a_bad_config_fails_before_torch_loads(args):
+    """A typo costs a fraction of a second, not the seconds torch and transformers take to import."""
+    probe = f"import sys; from aioareal.cli import main; rc = main({args!r}); print(rc, 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.stdout.split() == ["2", "False"], result.stderr
+
+
 def test_malformed_jsonl_names_file_and_line(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "oops"\n')
