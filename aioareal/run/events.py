@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..monitor.plain import plain_line
@@ -18,10 +19,12 @@ class Stoppable(Protocol):
     def request_stop(self, signum: int = 2) -> None: ...
 
 
-def install_stop_signals(target: Stoppable) -> None:
+@contextlib.contextmanager
+def stop_signals(target: Stoppable) -> Iterator[None]:
     """First Ctrl-C / SIGTERM: finish the current step, checkpoint, exit cleanly. Second: exit now.
     `target` is the orchestrator, or under torchrun the rank's hooks, which stop every rank after one
-    step (the cell says which)."""
+    step (the cell says which). The handlers go when the block ends: the loop keeps what it is given,
+    and a handler left behind would keep this run's models alive into the next run of a sweep."""
     loop = asyncio.get_running_loop()
 
     def stop(signum: int) -> None:
@@ -34,11 +37,18 @@ def install_stop_signals(target: Stoppable) -> None:
               "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
         target.request_stop(signum)
 
+    installed = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(signum, stop, signum)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
-            return
+            break
+        installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
 
 
 def run_event_loop(coro: Any) -> Any:

@@ -44,7 +44,7 @@ from .build import (
 )
 from .cell import Cell, current_cell
 from .evaluation import KeptCompletions
-from .events import install_stop_signals, quiet, run_event_loop, step_printer
+from .events import quiet, run_event_loop, step_printer, stop_signals
 from .hooks import RunHooks
 from .rollout import EvalInputs, Rollout, rollout_kind
 
@@ -143,10 +143,10 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -
     orchestrator = Orchestrator(schedule, rollout.generator, parts.trainer, parts.prompts, rollout.score,
                                 parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,
                                 score_counters=rollout.counters)
-    install_stop_signals(parts.cell.stop_target(orchestrator))
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:
-        await orchestrator.run()
+        with stop_signals(parts.cell.stop_target(orchestrator)):
+            await orchestrator.run()
     finally:
         refresher.cancel()
     return orchestrator
