@@ -57,8 +57,8 @@ def cmd_train(argv: list[str]) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
-    if args.resume is None:
-        load(args)  # a bad flag or file fails here in a second, before torch and transformers load
+    # A fresh run's config is read first: a bad flag or file fails in a second, before torch loads.
+    fresh = load(args) if args.resume is None else None
     from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
     from .run.cell import cell_for
     from .run.recipe import train
@@ -67,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
 
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
-    config = resume_config(target, args.overrides, flags, args.force) if target else load(args)
+    config = resume_config(target, args.overrides, flags, args.force) if target else fresh or load(args)
     if not target:
         profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from

@@ -2,7 +2,6 @@
 is named after, so what `bench profile` measures on it is what that model costs."""
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
@@ -20,6 +19,5 @@ def test_the_smollm2_shape_is_smollm2_plus_the_qwen2_biases():
     assert parameters("smollm2-135m") == 134_515_008 + 30 * (576 + 2 * 3 * 64)
 
 
-@pytest.mark.parametrize("name, count", [("qwen2.5-0.5b", 494_032_768)])
-def test_the_qwen_shape_has_qwens_parameter_count(name, count):
-    assert name in SHAPES and parameters(name) == count
+def test_the_qwen_shape_has_qwens_parameter_count():
+    assert "qwen2.5-0.5b" in SHAPES and parameters("qwen2.5-0.5b") == 494_032_768
