@@ -121,8 +121,9 @@ class Group:
     admitted_version: int = 0
     admitted_at: float = 0.0  # seconds since run start
     cursor: int = -1  # position of its prompt in the training source (resume restarts from the oldest)
-    # Per-sample length caps with end-of-sequence tokens ignored: benchmarks on random weights use
-    # these to impose a realistic (long-tailed) length distribution.
+    # Per-sample lengths with end-of-sequence tokens ignored: the start-up check samples exactly this
+    # many tokens to compare with the model's forward (generation/backends.py), and benchmarks on
+    # random weights impose a realistic (long-tailed) length distribution with them.
     forced_lengths: list[int] | None = None
     samples: list[Sample] = field(default_factory=list)  # filled by the engine as it admits the group
     finished_at: float = 0.0

@@ -53,9 +53,10 @@ def make_engine(model: PreTrainedModel, eos_ids: list[int], options: EngineOptio
 
 
 def gap_bound(dtype: torch.dtype) -> float:
-    """The start-up check's bound in nats: fp32 backends agree with the forward to ~1e-5 (tests/
-    test_engine.py), bf16 and fp16 ones differ by their rounding (max ~0.16 over 128 tokens in bf16
-    against fp32, tests/models/test_smollm2.py; here the forward runs in the same dtype)."""
+    """The start-up check's bound in nats: fp32 backends agree with the forward to ~1e-5
+    (tests/generation/test_engine.py), bf16 and fp16 ones differ by their rounding (max ~0.16 over
+    128 tokens in bf16 against fp32, tests/models/test_smollm2.py; here the forward runs in the same
+    dtype)."""
     return 1e-3 if dtype == torch.float32 else 0.25
 
 

@@ -129,7 +129,8 @@ PATHOLOGICAL = {
 @pytest.mark.parametrize("name", list(PATHOLOGICAL))
 def test_extraction_is_linear_in_the_length(name: str) -> None:
     """Four times the text may take about four times as long (was quadratic: 56k chars of unclosed
-    boxes took 42 s), and 200k characters stay well under a reward timeout."""
+    boxes took 42 s). A ratio of this thread's CPU time, never an absolute bound
+    (docs/architecture.md#layers: tests time nothing on the wall clock)."""
     def seconds(n: int) -> float:  # CPU time of this thread: other jobs on a busy machine do not count
         text = PATHOLOGICAL[name](n)
         start = time.thread_time()
@@ -140,5 +141,4 @@ def test_extraction_is_linear_in_the_length(name: str) -> None:
         return time.thread_time() - start
 
     small, large = min(seconds(25_000) for _ in range(2)), min(seconds(100_000) for _ in range(2))
-    assert large < 1.5
     assert large < 12 * small + 0.05  # linear with slack for a loaded machine; quadratic would be ~16x
