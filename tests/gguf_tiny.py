@@ -46,13 +46,14 @@ def tiny_llama(seed: int = 0, arch: str = "llama") -> LlamaForCausalLM | Qwen2Fo
     return model
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, name: str = "tiny-llama", arch: str = "llama"):
-    """Write the tiny model of architecture `arch` ("llama" or "qwen2") as a GGUF file at `path`;
-    returns the model it holds."""
+def write_tiny_gguf(path: Path, seed: int = 0, name: str = "tiny-llama", arch: str = "llama",
+                    declared: str | None = None):
+    """Write the tiny model of architecture `arch` ("llama" or "qwen2") as a GGUF file at `path`,
+    its `general.architecture` `declared` (default `arch`); returns the model it holds."""
     import gguf
 
     model = tiny_llama(seed, arch)
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), declared or arch)
     _write_config(writer, model.config, name)
     _write_tokenizer(writer)
     for gguf_name, array in _gguf_tensors(model):

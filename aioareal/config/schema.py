@@ -42,6 +42,8 @@ class ModelConfig:
                                   list(LORA_TARGETS))
 
     def __post_init__(self) -> None:
+        check(bool(self.name.strip()), "model.name", "must name a model: 'tiny', a hub name, a local directory, "
+              "a .gguf file or random:<shape>")
         check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
         check(self.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {self.lora_alpha}")
         check(0 <= self.lora_dropout < 1, "model.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")

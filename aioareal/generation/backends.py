@@ -26,9 +26,10 @@ BACKENDS = ("auto", "engine", "hf")
 CHECK_TOKENS, CHECK_SAMPLES = 8, 2  # the start-up check: 2 samples of 8 tokens each
 
 
-def choose(model: PreTrainedModel, requested: str) -> tuple[str, str | None]:
-    """("engine" | "hf", why the engine is not used or None); refuses `engine` where it is not exact."""
-    reason = unsupported_reason(model.config)
+def choose(model: PreTrainedModel, requested: str, max_len: int | None = None) -> tuple[str, str | None]:
+    """("engine" | "hf", why the engine is not used or None); refuses `engine` where it is not exact
+    (for a context of `max_len` tokens, where a RoPE's frequencies depend on the length)."""
+    reason = unsupported_reason(model.config, max_len)
     if requested == "engine" and reason is not None:
         raise UserError(f"generation.backend=engine: model_type {model_type(model)}: {reason}; "
                         "use generation.backend=auto or hf")
@@ -48,7 +49,7 @@ def fallback_line(model: PreTrainedModel, reason: str) -> str:
 def make_engine(model: PreTrainedModel, eos_ids: list[int], options: EngineOptions, backend: str = "auto") -> Backend:
     """The backend `backend` resolves to for `model`, built with `options` (the fallback reads the
     ones it has, hf_backend.py)."""
-    kind, _ = choose(model, backend)
+    kind, _ = choose(model, backend, options.max_len)
     return (HFEngine if kind == "hf" else Engine)(model, eos_ids, options)
 
 
@@ -92,13 +93,21 @@ def checked(backend: Backend, model: PreTrainedModel, prompt_ids: list[int], req
     the model's forward; under `auto` an engine that does not is replaced by `rebuild()` (the
     fallback), which must agree in turn; otherwise the run is refused with one line."""
     bound = gap_bound(model.get_input_embeddings().weight.dtype)
-    gap = startup_gap(backend, model, prompt_ids)
-    if gap <= bound:
-        return backend
     what = "engine" if isinstance(backend, Engine) else "HF fallback backend"
-    message = (f"generation: model_type {model_type(model)}: the {what}'s log-probs differ from the model's "
-               f"own forward by {gap:.3g} nats (bound {bound:g} for its dtype)")
+    try:
+        gap = startup_gap(backend, model, prompt_ids)
+    except (RuntimeError, TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+        # A model whose own code breaks on this path (a family transformers half supports): one line.
+        failure = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        message, finding = (f"generation: model_type {model_type(model)}: the {what} cannot run this model "
+                            f"({failure})"), f"the engine failed the start-up check ({failure})"
+    else:
+        if gap <= bound:
+            return backend
+        message = (f"generation: model_type {model_type(model)}: the {what}'s log-probs differ from the model's "
+                   f"own forward by {gap:.3g} nats (bound {bound:g} for its dtype)")
+        finding = f"the start-up check found the engine's log-probs {gap:.3g} nats off"
     if requested != "auto" or not isinstance(backend, Engine):
         raise UserError(message + ("; use generation.backend=auto or hf" if isinstance(backend, Engine) else ""))
-    log(fallback_line(model, f"the start-up check found the engine's log-probs {gap:.3g} nats off"))
+    log(fallback_line(model, finding))
     return checked(rebuild(), model, prompt_ids, "hf", rebuild, log)

@@ -67,6 +67,9 @@ class HFEngine(QueueFront):
         self.timer = PhaseTimer(self.device, enabled=timed)
         # transformers 5 names the cache argument `cache`; earlier versions `past_key_values`.
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        # Models outside transformers' attention interface (MPT, Bloom's ALiBi) build their masks and
+        # positions from an explicit attention mask and are wrong or fail without one.
+        self.explicit_mask = not getattr(model, "_supports_attention_backend", True)
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
@@ -113,7 +116,11 @@ class HFEngine(QueueFront):
 
     def _forward(self, tokens: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """The model's own forward over tokens (n, T) continuing `cache`; the last position's logits (n, V)."""
-        out = self.model(input_ids=tokens, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        extra: dict = {self.cache_arg: cache}
+        if self.explicit_mask:  # every row is whole: a mask of ones over the cache and the new tokens
+            extra["attention_mask"] = torch.ones(tokens.shape[0], cache.get_seq_length() + tokens.shape[1],
+                                                 dtype=torch.long, device=self.device)
+        out = self.model(input_ids=tokens, use_cache=True, logits_to_keep=1, **extra)
         return out.logits[:, -1]
 
     def _new_cache(self) -> DynamicCache:

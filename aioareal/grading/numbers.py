@@ -56,6 +56,7 @@ _INCOMPLETE = re.compile(r" ?[=+×*/÷-] ?$")
 _REJECTED = re.compile(r"(?:[\s,;:(—–-]|\b(?:and|but)\b)*+(?:\bnot|\bnever|\brather than|\binstead of|"
                        r"\bas opposed to) ?(?:[$€£¥₹] ?)?$", re.I)
 _REJECT_WINDOW = 24
+_REJECTING = re.compile(r"\b(?:not|never|rather than|instead of|as opposed to)\b", re.I)
 
 @dataclass(frozen=True)
 class Reading:
@@ -88,7 +89,11 @@ def read_span(span: str) -> Reading:
     if reading is not None and not reading.symbolic:
         return reading
     if reading is None and len(_PROSE_WORD.findall(t)) >= 2:
-        return read_last(t)
+        return read_last(t)  # a sentence: "so 12 in all"
+    if _REJECTING.search(t):
+        rejected = read_last(t)  # "12 - not 15": a rejected alternative, not a formula
+        if rejected.value is not None:
+            return rejected
     return Reading(symbolic=True, text=t) if re.search(r"[\w\\]", t) else NOTHING
 
 

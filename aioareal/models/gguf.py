@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -105,7 +104,7 @@ def _build(path: Path, entry: Path, digest: str) -> None:
     """Convert into a temporary directory beside `entry`, then rename it into place (holding the lock)."""
     for stale in entry.parent.glob(f".{entry.name}.tmp-*"):  # left by a killed conversion
         shutil.rmtree(stale, ignore_errors=True)
-    print(f"converting {path} once into {entry} (later loads read it from there)", file=sys.stderr, flush=True)
+    print(f"converting {path} once into {entry} (later loads read it from there)", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
     try:
         start = time.perf_counter()

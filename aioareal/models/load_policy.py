@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -122,13 +124,27 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     try:
         # None, not False: with pickles allowed transformers still prefers safetensors when both exist.
         model = AutoModelForCausalLM.from_pretrained(
-            name, trust_remote_code=trust_remote_code, attn_implementation=ATTENTION,
+            name, trust_remote_code=trust_remote_code, attn_implementation=attention_for(name, trust_remote_code),
             use_safetensors=None if allow_pickle else True, **_dtype_kwarg(dtype))
     except (OSError, ValueError) as e:
         # A hub repository without safetensors ends up here (a local directory was checked above).
         hint = f"; {ALLOW_PICKLE_HINT}" if not allow_pickle and "safetensors" in str(e) and not _is_local(name) else ""
         raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)}){hint}") from None
     return model.to(device)
+
+
+def attention_for(name: str, trust_remote_code: bool = False) -> str:
+    """The project's attention (models/attention.py) for model classes built on transformers'
+    attention interface; the others (Falcon, MPT, Bloom: each picks its attention from a fixed table
+    or has one) load with SDPA or their eager attention, which the trainer then keeps padded."""
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return ATTENTION  # from_pretrained reports what is wrong with the directory
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is None or getattr(model_class, "_supports_attention_backend", True):
+        return ATTENTION
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:

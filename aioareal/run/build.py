@@ -195,7 +195,7 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
     backends.py); `log` hears, once, that a model runs on the fallback."""
     g, a = config.generation, config.algo
     backend = backend or g.backend
-    kind, reason = choose(model, backend)
+    kind, reason = choose(model, backend, max_len)
     if kind == "hf" and log is not None:
         log(fallback_line(model, reason or ""))
     options = engine_options(g, a.batch_groups * a.group_size, max_len, config.run.seed if seed is None else seed,

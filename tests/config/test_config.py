@@ -22,6 +22,8 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
     ("algo.group_size=2.5", "config key 'algo.group_size': expected an integer, got 2.5"),
     ("generation.recompute_kv=maybe", "config key 'generation.recompute_kv': expected true or false, got 'maybe'"),
     ("generation.overlap=maybe", "config key 'generation.overlap': expected true or false or auto, got 'maybe'"),
+    ("model.name=", "config key 'model.name': must name a model: 'tiny', a hub name, a local directory, a .gguf "
+                    "file or random:<shape>"),
 ])
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:

@@ -14,7 +14,7 @@ from engine_helpers import tiny
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.backends import gap_bound, startup_gap
+from aioareal.generation.backends import checked, gap_bound, startup_gap
 from aioareal.generation.forward import FastForward
 from aioareal.generation.hf_backend import HFEngine
 from aioareal.run import recipe
@@ -79,3 +79,18 @@ def test_check_gap_bound():
     check_gap(math.nan, 0.05, 3)  # no token of the trainer's version: nothing to compare
     with pytest.raises(UserError, match="step 3: logprob_gap_max 0.2 nats exceeds train.max_logprob_gap=0.05"):
         check_gap(0.2, 0.05, 3)
+
+
+def test_a_model_whose_own_code_fails_on_the_fallback_is_refused_in_one_line(monkeypatch):
+    """MPT once broke here (its forward needed an explicit mask): whatever a family's own code
+    raises during the start-up check becomes one line naming the model type, not a traceback."""
+    model = tiny()
+    options = EngineOptions(2, 32, SamplingParams(max_new_tokens=8), fuse=False)
+
+    def broken(self, tokens, cache):
+        raise AttributeError("'NoneType' object has no attribute 'to'")
+
+    monkeypatch.setattr(HFEngine, "_forward", broken)
+    with pytest.raises(UserError, match=r"^generation: model_type qwen2: the HF fallback backend cannot run this "
+                                        r"model \(AttributeError: 'NoneType' object has no attribute 'to'\)$"):
+        checked(HFEngine(model, [], options), model, [5, 17, 42], "hf", lambda: HFEngine(model, [], options), print)

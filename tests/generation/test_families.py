@@ -6,6 +6,7 @@ sequences. Families the engine does not implement get a one-line reason instead.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from engine_helpers import generate, new_weights_after, random_groups, reference
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
+from aioareal.generation.backends import checked, choose, gap_bound, make_engine, startup_gap
 from aioareal.generation.families import unsupported_reason
 from aioareal.generation.family_forward import FamilyForward, build_forward
+from aioareal.generation.hf_backend import HFEngine
 from aioareal.group import Completion, Group, Sample
 from aioareal.trainer import Trainer
 
@@ -139,6 +142,19 @@ def test_length_dependent_rope_is_refused_past_its_original_length():
     assert "longrope" in unsupported_reason(longrope, 100)
 
 
+def test_auto_sends_a_length_dependent_rope_past_its_original_length_to_the_fallback():
+    """`auto` decides with the engine's context: within the original length the engine is exact,
+    past it the fallback (the model's own forward, whose RoPE follows the length) generates."""
+    model = family_model("llama-dynamic-rope")  # max_position_embeddings 64
+    options = EngineOptions(num_slots=2, max_len=48, params=SamplingParams(max_new_tokens=8))
+    assert choose(model, "auto", 48) == ("engine", None) and isinstance(make_engine(model, [2], options), Engine)
+    kind, reason = choose(model, "auto", 128)
+    assert kind == "hf" and "dynamic" in reason
+    assert isinstance(make_engine(model, [2], replace(options, max_len=128)), HFEngine)
+    with pytest.raises(UserError, match="RoPE type 'dynamic' changes its frequencies past 64 tokens"):
+        choose(model, "engine", 128)
+
+
 def test_unknown_rope_type_is_refused():
     config = tf.LlamaConfig(**SHAPE)
     config.rope_parameters = {"rope_type": "made-up", "rope_theta": 10000.0}
@@ -185,7 +201,10 @@ def shared_prompt_groups() -> list[Group]:
     return groups
 
 
-@pytest.mark.parametrize("family", ["mistral-window", "qwen2-window", "gemma2", "gemma3", "granite", "llama"])
+WINDOWED = {"mistral-window", "qwen2-window", "gemma2", "gemma3", "phi3"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_trainers_logprobs_equal_the_models_own_forward(family):
     """The trainer's log-probs are the model's: a windowed model keeps the padded batch (the shared-prompt
     and tree layouts build masks without windows), and the head's output gets the family's logit
@@ -196,7 +215,7 @@ def test_the_trainers_logprobs_equal_the_models_own_forward(family):
     model.config._attn_implementation = ATTENTION  # as models load for training
     config = load_config(overrides=["algo.batch_groups=2", "algo.group_size=2"])
     trainer = Trainer(model, config.algo, config.train, pad_id=0)
-    assert trainer.share_prompts == (family in ("llama", "granite"))  # the windowed ones keep the padded batch
+    assert trainer.share_prompts == (family not in WINDOWED)  # the windowed ones keep the padded batch
     groups = shared_prompt_groups()
     reference = torch.cat([reference_logprobs(model, s.prompt_ids, s.completion.tokens)
                            for g in groups for s in g.samples])
@@ -204,3 +223,21 @@ def test_the_trainers_logprobs_equal_the_models_own_forward(family):
         ours = torch.cat([trainer._logprobs(model, mb)[0][mb.loss_mask.bool()]
                           for part in trainer.pack(groups) for mb in part])
     torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
+def test_the_startup_check_catches_a_broken_family_layer_and_auto_falls_back(monkeypatch):
+    """A deliberately wrong layer of the family decoder (family_forward.py, Gemma 2 here: soft caps,
+    local and global layers): the start-up check sees it, `engine` is refused, `auto` falls back."""
+    model = family_model("gemma2")
+    options = EngineOptions(num_slots=2, max_len=32, params=SamplingParams(max_new_tokens=8), fuse=False)
+    prompt = [5, 17, 42, 9, 77, 31]
+    assert startup_gap(Engine(model, [], options), model, prompt) <= gap_bound(torch.float32)
+    rest = FamilyForward._plan_rest
+    monkeypatch.setattr(FamilyForward, "_plan_rest", lambda self, *args: 1.5 * rest(self, *args))
+    assert startup_gap(Engine(model, [], options), model, prompt) > gap_bound(torch.float32)
+    with pytest.raises(UserError, match="model_type gemma2: the engine's log-probs differ"):
+        checked(Engine(model, [], options), model, prompt, "engine", lambda: HFEngine(model, [], options), print)
+    lines: list[str] = []
+    backend = checked(Engine(model, [], options), model, prompt, "auto", lambda: HFEngine(model, [], options),
+                      lines.append)
+    assert isinstance(backend, HFEngine) and len(lines) == 1 and "start-up check" in lines[0]

@@ -1,7 +1,9 @@
 """The HF fallback backend (generation/hf_backend.py) for families the engine does not implement:
 its behaviour log-probs are the model's own forward's (fp32), across a weight change mid-rollout
 and with continuous batching of mixed groups; backend selection (`generation.backend`); one RL step
-through the public path with a tiny GPT-NeoX model saved to a directory."""
+through the public path with tiny models saved to a directory: GPT-NeoX, and Falcon and Bloom, which
+sit outside transformers' attention interface (they load with their own attention, and Bloom's
+ALiBi needs the explicit mask the fallback passes)."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +13,18 @@ import shutil
 import pytest
 import torch
 from engine_helpers import generate, random_groups, reference_logprobs, tiny
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
+    FalconConfig,
+    FalconForCausalLM,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    MptConfig,
+    MptForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
@@ -40,7 +53,26 @@ def qwen3_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
     return Qwen3MoeForCausalLM(config).eval()
 
 
-FAMILIES = {"gpt_neox": gpt_neox, "qwen3_moe": qwen3_moe}
+def falcon(vocab: int = 128, seed: int = 0) -> FalconForCausalLM:
+    torch.manual_seed(seed)
+    config = FalconConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=128)
+    return FalconForCausalLM(config).eval()
+
+
+def mpt(vocab: int = 128, seed: int = 0) -> MptForCausalLM:
+    torch.manual_seed(seed)
+    config = MptConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, max_seq_len=128)
+    return MptForCausalLM(config).eval()
+
+
+def bloom(vocab: int = 128, seed: int = 0) -> BloomForCausalLM:
+    torch.manual_seed(seed)
+    config = BloomConfig(vocab_size=vocab, hidden_size=32, n_layer=2, n_head=4)
+    return BloomForCausalLM(config).eval()
+
+
+FAMILIES = {"gpt_neox": gpt_neox, "qwen3_moe": qwen3_moe, "falcon": falcon, "mpt": mpt, "bloom": bloom}
 
 
 def scaled(model: torch.nn.Module, factor: float = 4.0) -> torch.nn.Module:
@@ -119,11 +151,11 @@ def test_new_weights_mid_rollout_recompute_the_cache(family):
     assert both >= 3  # group 0's forced lengths span the change
 
 
-def tiny_neox_dir(tmp_path, tiny_model_path):
-    """A random GPT-NeoX model with the tiny model's tokenizer, saved as a local model directory."""
-    out = tmp_path / "neox"
+def tiny_model_dir(tmp_path, tiny_model_path, family: str):
+    """A random model of `family` with the tiny model's tokenizer, saved as a local model directory."""
+    out = tmp_path / family
     tokenizer = json.loads((tiny_model_path / "tokenizer.json").read_text())
-    model = gpt_neox(vocab=len(tokenizer["model"]["vocab"]) + len(tokenizer.get("added_tokens", [])) + 8)
+    model = FAMILIES[family](vocab=len(tokenizer["model"]["vocab"]) + len(tokenizer.get("added_tokens", [])) + 8)
     model.config.eos_token_id = json.loads((tiny_model_path / "config.json").read_text()).get("eos_token_id")
     model.save_pretrained(out)
     for name in tiny_model_path.iterdir():
@@ -132,19 +164,23 @@ def tiny_neox_dir(tmp_path, tiny_model_path):
     return out
 
 
-def test_one_rl_step_of_a_gpt_neox_model_on_auto(tmp_path, tiny_model_path):
-    """The public path: a model the engine does not implement trains on the fallback, which says so."""
+@pytest.mark.parametrize("family", ["gpt_neox", "falcon", "bloom"])
+def test_one_rl_step_on_auto_of_a_model_the_engine_does_not_implement(tmp_path, tiny_model_path, family):
+    """The public path: a model the engine does not implement trains on the fallback, which says
+    so, and the trainer's log-probs are the generator's (Falcon loads with SDPA, Bloom with its
+    eager attention: neither takes the project's attention)."""
     lines = []
     # A local model directory takes the pretrained profile (config/profiles.py): the tiny task's raw
     # prompts and lengths are set back, as a user with a model without a chat template would.
     config = load_config(overrides=["train.steps=1", "eval.every=0", "generation.backend=auto", "algo.batch_groups=4",
                                     "arithmetic.style=raw", "generation.max_new_tokens=8", "algo.lr=1e-4",
-                                    f"model.name={tiny_neox_dir(tmp_path, tiny_model_path)}", "model.dtype=float32"],
+                                    f"model.name={tiny_model_dir(tmp_path, tiny_model_path, family)}",
+                                    "model.dtype=float32"],
                          flags={"run.run_dir": str(tmp_path / "run")})
     run_dir = train(config, log=lines.append, printer=lambda row: None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and rows[-1]["logprob_gap_max"] < 1e-3, rows[-1]
-    assert sum("model_type gpt_neox runs on the HF fallback backend (slower)" in line for line in lines) == 1
+    assert sum(f"model_type {family} runs on the HF fallback backend (slower)" in line for line in lines) == 1
 
 
 def test_episode_turns_pause_at_stop_strings_and_resume():

@@ -28,7 +28,7 @@ def test_cases_cover_every_class() -> None:
     counts: dict[str, int] = {}
     for kind, *_ in CASES:
         counts[kind] = counts.get(kind, 0) + 1
-    assert len(CASES) == 273 and all(n >= 3 for n in counts.values()), counts  # 227 + 46 final-answer cases
+    assert len(CASES) == 276 and all(n >= 3 for n in counts.values()), counts  # 227 + 49 final-answer cases
     assert {"thousands", "scale", "mixed", "units", "modifiers", "signs", "decimals", "fractions"} <= set(counts)
 
 

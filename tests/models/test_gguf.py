@@ -191,7 +191,7 @@ def test_a_killed_conversion_leaves_nothing_trusted(tiny, cache_dir, monkeypatch
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
-def test_a_bad_file_is_a_one_line_error_naming_it(tiny, cache_dir, damage):
+def test_a_bad_file_is_a_one_line_error_naming_it(tiny, cache_dir, damage, capsys):
     path, _ = tiny
     if damage == "truncate":
         os.truncate(path, path.stat().st_size // 2)
@@ -201,7 +201,17 @@ def test_a_bad_file_is_a_one_line_error_naming_it(tiny, cache_dir, damage):
         resolve_source(str(path))
     message = str(e.value)
     assert message.startswith(f"{path}: not a readable GGUF file") and "\n" not in message
-    assert entries(cache_dir) == []
+    assert entries(cache_dir) == [] and capsys.readouterr().err == ""  # the error is the only line on stderr
+
+
+def test_an_architecture_transformers_cannot_map_is_a_one_line_error_naming_it(tmp_path, cache_dir):
+    path = tmp_path / "odd.gguf"
+    write_tiny_gguf(path, declared="made-up-arch")
+    with pytest.raises(UserError) as e:
+        resolve_source(str(path))
+    message = str(e.value)
+    assert message.startswith(f"{path}: could not convert this GGUF file (") and "made-up-arch" in message
+    assert "\n" not in message and entries(cache_dir) == []
 
 
 def test_missing_packages_say_what_to_install(tiny, monkeypatch):
