@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from .distributed.env import launched_by_torchrun
 from .errors import guarded
@@ -82,17 +83,33 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def profile_note(args: argparse.Namespace) -> None:
-    """Say so when a pretrained model took the `pretrained` defaults profile (config/profiles.py)."""
+    """Say which defaults a pretrained model got: the `pretrained` profile without a config file
+    (config/profiles.py), or, with a file, the tiny model's defaults for the keys it leaves out."""
     from .config.layering import load_with_sources
+    from .config.profiles import is_pretrained
 
     config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
+    if not is_pretrained(config.model.name):
+        return
+    start = "configs/smollm2-sums.yaml" if config.data.task == "arithmetic" else "configs/qwen2.5-0.5b-gsm8k.yaml"
+    shown = ("algo.lr", "generation.max_new_tokens", "train.steps")
     taken = [k for k, source in sources.items() if source.startswith("profile")]
     if taken:  # on stdout, beside the resolved config the run prints: a note, not an error
-        start = "configs/smollm2-sums.yaml" if config.data.task == "arithmetic" else "configs/qwen2.5-0.5b-gsm8k.yaml"
+        values = ", ".join(f"{k}={_value(config, k)}" for k in shown if k in taken)
         print(f"model.name={config.model.name} without --config: {len(taken)} defaults from the 'pretrained' "
-              f"profile (algo.lr={config.algo.lr:g}, generation.max_new_tokens={config.generation.max_new_tokens}, "
-              f"train.steps={config.train.steps}; all: python -m aioareal config --sources); a full config to start "
-              f"from: {start}")
+              f"profile ({values + '; ' if values else ''}all: python -m aioareal config --sources); a full config "
+              f"to start from: {start}")
+    elif args.config and sources["model.name"] in ("flag", "key=value"):
+        kept = [f"{k}={_value(config, k)}" for k in shown if sources[k] == "default"]
+        if kept:
+            print(f"model.name={config.model.name} with {args.config}: the keys it leaves out keep the tiny model's "
+                  f"defaults ({', '.join(kept)}); for a pretrained model start from {start}")
+
+
+def _value(config: Any, dotted: str) -> str:
+    section, _, key = dotted.partition(".")
+    value = getattr(getattr(config, section), key)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _quiet(*_: object) -> None:

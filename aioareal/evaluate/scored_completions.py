@@ -54,13 +54,20 @@ def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[li
 
 
 def score(service: RewardService, decode: Callable[[list[int]], str], completions: list[list[Completion]],
-          examples: Sequence[Example]) -> list[list[Scored]]:
-    """Every prompt's completions through the reward service (one call per prompt, run concurrently)."""
-    texts = [[decode(c.tokens) for c in group] for group in completions]
+          examples: Sequence[Example]) -> tuple[list[list[Scored]], int]:
+    """Every prompt's completions through the reward service (one call per prompt, run concurrently),
+    as training scores a group: the token ids go in (TRL's `completion_ids` for reward functions) and
+    the texts come back decoded. Returns the scored completions and how many checks failed (raised,
+    hung or returned garbage: scored 0)."""
+    async def one(group: list[Completion], example: Example) -> tuple[list[str], list[float], int]:
+        decoded: list[list[str]] = []
+        rewards, failures = await service.score([c.tokens for c in group], [example] * len(group), decoded)
+        return (decoded[0] if decoded else [decode(c.tokens) for c in group]), rewards, failures
 
-    async def all_groups() -> list[tuple[list[float], int]]:
-        return await asyncio.gather(*(service.score(t, [ex] * len(t)) for t, ex in zip(texts, examples)))
+    async def all_groups() -> list[tuple[list[str], list[float], int]]:
+        return await asyncio.gather(*(one(group, ex) for group, ex in zip(completions, examples)))
     results = asyncio.run(all_groups())
-    return [[Scored(text, reward, len(c.tokens), c.finish_reason == "length")
-             for text, reward, c in zip(group_texts, rewards, group)]
-            for group_texts, (rewards, _failures), group in zip(texts, results, completions)]
+    scored = [[Scored(text, reward, len(c.tokens), c.finish_reason == "length")
+               for text, reward, c in zip(texts, rewards, group)]
+              for (texts, rewards, _), group in zip(results, completions)]
+    return scored, sum(failures for _, _, failures in results)

@@ -122,8 +122,10 @@ def main(argv: list[str]) -> int:
         step = max(r["step"] for r in rows) if args.last else args.step
         chosen = select(rows, step, order, args.n)
         if not chosen:
-            raise UserError(f"{args.run}: no samples trained at step {args.step} (steps {rows[0]['step']} to "
-                            f"{rows[-1]['step']})")
+            steps = sorted({r["step"] for r in rows})
+            shown = ", ".join(map(str, steps)) if len(steps) <= 12 else f"{steps[0]} to {steps[-1]}"
+            raise UserError(f"{args.run}: no samples {'evaluated' if args.eval else 'trained'} at step {args.step} "
+                            f"({'evaluation ' if args.eval else ''}steps {shown})")
         print("\n\n".join(format_sample(r) for r in chosen))
         return 0
     return guarded(args.debug, go)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,10 @@ def run_eval(args: argparse.Namespace) -> int:
     line = json_line(figures)
     atomic_write_text(out / "figures.json", line + "\n")
     print(table(columns, args.n))
+    for column in columns:
+        if column["reward_failures"]:
+            print(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, hung "
+                  "past reward.timeout_s or returned garbage) and scored 0")
     print(f"completions: {out / 'eval.jsonl'}; figures: {out / 'figures.json'}")
     print(line)
     return 0
@@ -109,19 +114,20 @@ def evaluate_target(target: Target, config: Config, start: Config, args: argpars
     phases = [("greedy", 1, SamplingParams(greedy=True, max_new_tokens=new_tokens))]
     if args.n:
         phases.append((f"n={args.n}", args.n, SamplingParams(args.temperature, args.top_p, new_tokens)))
-    results = {}
+    results, failures = {}, {}
     for phase, size, params in phases:
         progress = Progress(f"{target.label} {phase}", len(examples))
         completions = generate(model, eos, ids, examples, size, params, args.seed, progress)
         progress.close()
-        results[phase] = score(service, decode, completions, examples)
+        results[phase], failures[phase] = score(service, decode, completions, examples)
     service.close()
     read = answer_reader(task)
     verdicts = {phase: [verdicts_of(group, args.pass_threshold, read) for group in scored]
                 for phase, scored in results.items()}
     append_jsonl(records, [row for phase, scored in results.items()
                            for row in rows_of(target.label, examples, scored, verdicts[phase], phase == "greedy")])
-    figures: dict[str, Any] = {"target": target.label, "model": source, "prompts": len(examples)}
+    figures: dict[str, Any] = {"target": target.label, "model": source, "prompts": len(examples),
+                               "reward_failures": sum(failures.values())}
     figures.update(completion_figures(verdicts["greedy"], "_greedy"))
     if args.n:
         figures.update(completion_figures(verdicts[f"n={args.n}"]))
@@ -131,6 +137,9 @@ def evaluate_target(target: Target, config: Config, start: Config, args: argpars
 
 def held_out(config: Config, tokenizer: Any) -> tuple[Any, list, list[list[int]]]:
     """The task, its held-out examples and their prompt ids, rendered as training renders them."""
+    d = config.data
+    if d.task == "file" and d.path is None and d.eval_path is not None:
+        config = replace(config, data=replace(d, path=d.eval_path))  # eval reads no training rows
     data = build_data(config, log=lambda _: None)
     if not data.held_out:
         raise UserError(f"data.task={config.data.task} has no held-out prompts (data.eval_size=0 and no "

@@ -42,6 +42,9 @@ def resolve(arg: str) -> Target:
         return Target(arg, str(path / checkpoint.POLICY_DIR), run_config if run_config.is_file() else None)
     if path.suffix == ".gguf" and not path.is_file():
         raise UserError(f"{arg}: no such GGUF file")
+    if not path.expanduser().exists() and (arg.startswith((".", "/", "~")) or arg.count("/") > 1):
+        # A path, not a hub name (owner/name): said before any target is evaluated, not after.
+        raise UserError(f"{arg}: no such run, checkpoint or model directory")
     return Target(arg, arg, named=not path.exists())
 
 

@@ -1,10 +1,13 @@
 """Bad input from the command line: one line on stderr naming what and where, exit code 2."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from aioareal.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, cwd=None):
@@ -158,3 +161,19 @@ def test_a_run_on_a_pretrained_model_says_which_defaults_it_took(capsys):
     assert "configs/qwen2.5-0.5b-gsm8k.yaml" in out
     profile_note(train_parser().parse_intermixed_args(["model.name=random:tiny"]))
     assert capsys.readouterr().out == ""
+    profile_note(train_parser().parse_intermixed_args(["model.name=x/y", "--steps", "3"]))  # a flag is no default
+    out = capsys.readouterr().out
+    assert "(algo.lr=1e-05, generation.max_new_tokens=64; all:" in out and "train.steps" not in out
+
+
+def test_a_pretrained_model_on_a_tiny_config_file_says_what_keeps_the_tiny_defaults(capsys):
+    from aioareal.cli import profile_note, train_parser
+
+    tiny_file = str(REPO / "configs" / "tiny-arith-async.yaml")
+    profile_note(train_parser().parse_intermixed_args(["--config", tiny_file, "model.name=smollm2-135m-instruct"]))
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"model.name=smollm2-135m-instruct with {tiny_file}: the keys it leaves out keep the "
+                          "tiny model's defaults (algo.lr=0.0001, generation.max_new_tokens=8")
+    assert out.endswith("start from configs/smollm2-sums.yaml") and len(out.splitlines()) == 1
+    profile_note(train_parser().parse_intermixed_args(["--config", str(REPO / "configs" / "smollm2-sums.yaml")]))
+    assert capsys.readouterr().out == ""  # a file for the model it names

@@ -139,7 +139,7 @@ def test_samples_command_prints_the_chosen_completions(tmp_path, capsys):
 
 @pytest.mark.parametrize("make, args, expected", [
     (None, [], "error: {run}: no such run directory"),
-    ([], ["--step", "9"], "error: {run}: no samples trained at step 9 (steps 1 to 2)"),
+    ([], ["--step", "9"], "error: {run}: no samples trained at step 9 (steps 1, 2)"),
     (['{"step": 1, "reward": 1.0}', '{"step": 2, "rew'], [], "error: {run}/samples.jsonl:2: malformed JSON line"),
     (['{"step": 1, "reward": "high"}'], [], "error: {run}/samples.jsonl:1: 'reward' must be a number, got 'high'"),
 ])
@@ -151,6 +151,15 @@ def test_samples_command_errors_are_one_line(tmp_path, capsys, make, args, expec
     (tmp_path / "empty").mkdir()
     assert main(["samples", str(tmp_path / "empty")]) == 2
     assert "no samples.jsonl" in capsys.readouterr().err
+
+
+def test_a_step_without_evaluation_names_the_evaluation_steps(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval_samples.jsonl").write_text("".join(json.dumps({"step": step, "reward": 1.0, "text": "2"}) + "\n"
+                                                    for step in (0, 10, 20)))
+    assert main(["samples", str(run), "--eval", "--step", "7"]) == 2
+    assert capsys.readouterr().err == f"error: {run}: no samples evaluated at step 7 (evaluation steps 0, 10, 20)\n"
 
 
 def test_a_run_writes_the_text_and_the_gap_and_the_command_reads_them(tmp_path, capsys):

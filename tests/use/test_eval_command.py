@@ -112,3 +112,56 @@ def test_the_table_shows_missing_standard_errors_as_plain_values():
     text = table(columns, 0)
     assert text.splitlines()[2].split() == ["pass@1", "greedy", "0.500"] and "3.0 ± 0.2" in text
     assert json.loads(json_line({"x": math.nan})) == {"x": None}
+
+
+def test_a_missing_target_is_refused_before_any_target_is_evaluated(trained_run, monkeypatch, capsys):
+    from aioareal.use import eval_command
+
+    monkeypatch.setattr(eval_command, "evaluate_target", lambda *a: pytest.fail("evaluated before the check"))
+    assert main(["eval", str(trained_run[0]), "/no/such/policy"]) == 2
+    assert capsys.readouterr().err == "error: /no/such/policy: no such run, checkpoint or model directory\n"
+
+
+REWARDS = '''
+def ids_len(completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def picky(completions, answer, **kwargs):  # passes the pre-check (the answers themselves), fails on others
+    if any(c.strip() != a for c, a in zip(completions, answer)):
+        raise ValueError("a bug in the user's reward function")
+    return [1.0] * len(completions)
+'''
+
+
+def test_reward_functions_get_completion_ids_and_failures_are_reported(trained_run, tmp_path, monkeypatch):
+    """As in training (TRL's convention): the token ids reach the user's reward functions, and a
+    function that fails is counted and said, not shown as a clean 0."""
+    (tmp_path / "eval_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for function, out in (("ids_len", tmp_path / "ids"), ("picky", tmp_path / "picky")):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = main(["eval", str(trained_run[0]), "data.eval_size=8", f"reward.functions=eval_rewards:{function}",
+                         "--out", str(out)])
+        assert code == 0
+        rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+        figures = json.loads(stdout.getvalue().splitlines()[-1])["targets"][0]
+        if function == "ids_len":
+            assert [r["reward"] for r in rows] == [float(r["length"]) for r in rows] and figures["reward_failures"] == 0
+        else:
+            failed = sum(r["text"].strip() != r["reference"] for r in rows)
+            assert 0 < failed < len(rows) and figures["reward_failures"] == failed
+            assert [r["reward"] for r in rows] == [float(r["text"].strip() == r["reference"]) for r in rows]
+            assert f"warning: {trained_run[0]}: {failed} reward checks failed" in stdout.getvalue()
+
+
+def test_a_file_task_evaluates_from_its_eval_path_alone(trained_run, tmp_path):
+    """eval reads only held-out rows: data.eval_path without data.path (a training file) is enough."""
+    rows = tmp_path / "held_out.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(5)))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["eval", str(trained_run[0]), "data.task=file", f"data.eval_path={rows}",
+                     "data.prompt_template={question}", "--out", str(tmp_path / "out")])
+    assert code == 0 and json.loads(stdout.getvalue().splitlines()[-1])["targets"][0]["prompts"] == 5
