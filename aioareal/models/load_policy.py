@@ -122,25 +122,26 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
         _refuse_pickle_only(name)
         _refuse_pickle_adapter(name)
     try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)  # read once, used twice
+        known: dict[str, Any] = {"config": config, "attn_implementation": attention_for(config)}
+    except (OSError, ValueError, KeyError):  # an adapter-only directory, or what from_pretrained reports below
+        known = {"attn_implementation": ATTENTION}
+    try:
         # None, not False: with pickles allowed transformers still prefers safetensors when both exist.
         model = AutoModelForCausalLM.from_pretrained(
-            name, trust_remote_code=trust_remote_code, attn_implementation=attention_for(name, trust_remote_code),
-            use_safetensors=None if allow_pickle else True, **_dtype_kwarg(dtype))
-    except (OSError, ValueError) as e:
+            name, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
+            **known, **_dtype_kwarg(dtype))
+    except (OSError, ValueError, KeyError) as e:
         # A hub repository without safetensors ends up here (a local directory was checked above).
         hint = f"; {ALLOW_PICKLE_HINT}" if not allow_pickle and "safetensors" in str(e) and not _is_local(name) else ""
         raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)}){hint}") from None
     return model.to(device)
 
 
-def attention_for(name: str, trust_remote_code: bool = False) -> str:
+def attention_for(config: Any) -> str:
     """The project's attention (models/attention.py) for model classes built on transformers'
     attention interface; the others (Falcon, MPT, Bloom: each picks its attention from a fixed table
     or has one) load with SDPA or their eager attention, which the trainer then keeps padded."""
-    try:
-        config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError):
-        return ATTENTION  # from_pretrained reports what is wrong with the directory
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if model_class is None or getattr(model_class, "_supports_attention_backend", True):
         return ATTENTION
