@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
     AutoConfig,
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - older transformers
     pass
 
 RANDOM_PREFIX = "random:"
+MAX_INDEX_BYTES = 64 << 20  # a shard index lists tensor names: megabytes even for the largest models
 ALLOW_PICKLE_HINT = ("loading pickle weights (*.bin) can run code hidden in them, so it needs "
                      "model.allow_pickle=true: set it only for a model you trust, or convert the weights to "
                      "safetensors with save_pretrained")
@@ -120,6 +122,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     _check_local(name)
     if not allow_pickle:
         _refuse_pickle_only(name)
+        _refuse_pickle_shards(name)
         _refuse_pickle_adapter(name)
     try:
         config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)  # read once, used twice
@@ -131,6 +134,8 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
         model = AutoModelForCausalLM.from_pretrained(
             name, trust_remote_code=trust_remote_code, use_safetensors=None if allow_pickle else True,
             **known, **_dtype_kwarg(dtype))
+    except SafetensorError as e:  # a truncated or corrupt weights file
+        raise UserError(f"model.name '{name}': a .safetensors file there is not readable ({_first_line(e)})") from None
     except (OSError, ValueError, KeyError) as e:
         # A hub repository without safetensors ends up here (a local directory was checked above).
         hint = f"; {ALLOW_PICKLE_HINT}" if not allow_pickle and "safetensors" in str(e) and not _is_local(name) else ""
@@ -185,6 +190,27 @@ def _refuse_pickle_only(name: str) -> None:
     if pickles:
         raise UserError(f"model.name '{name}': {pickles[0]} holds pickle weights and there is no *.safetensors "
                         f"beside it; {ALLOW_PICKLE_HINT}")
+
+
+def _refuse_pickle_shards(name: str) -> None:
+    """A shard index (`*.index.json`) whose weight map names a file that is not safetensors: transformers
+    loads the shards it lists, whatever the index's own name says, so a pickle listed there is refused."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return
+    for index in sorted(path.glob("*.index.json")):
+        if index.stat().st_size > MAX_INDEX_BYTES:
+            raise UserError(f"model.name '{name}': {index} is {index.stat().st_size} bytes, too large for a shard "
+                            f"index (at most {MAX_INDEX_BYTES})")
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (ValueError, AttributeError, TypeError, RecursionError):
+            raise UserError(f"model.name '{name}': {index} is not a shard index (a JSON object with a "
+                            "weight_map of tensor names to files)") from None
+        pickles = sorted(str(f) for f in shards if not str(f).endswith(".safetensors"))
+        if pickles:
+            raise UserError(f"model.name '{name}': {index} lists {pickles[0]}, which is not a safetensors file "
+                            f"(pickle weights); {ALLOW_PICKLE_HINT}")
 
 
 def _refuse_pickle_adapter(name: str) -> None:

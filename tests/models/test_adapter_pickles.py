@@ -94,3 +94,26 @@ def test_dependency_floors_close_the_named_cves_and_the_installed_versions_meet_
         assert found and Version(found.group(1)) >= Version(floor), name
         assert cve in pyproject and cve in reliability
         assert Version(version(name).split("+")[0]) >= Version(floor)
+
+
+def test_a_shard_index_listing_a_pickle_is_refused_and_never_unpickled(tmp_path, unguarded_torch_load):
+    """The index's own name says safetensors; the weight map it holds names a pickle shard, which
+    transformers would load."""
+    path = model_dir(tmp_path / "model", None)
+    (path / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": Payload(str(tmp_path / "MARKER"))}, path / "model-00001.bin")
+    (path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001.bin"}}))
+    with pytest.raises(UserError) as e:
+        load_model(str(path), torch.float32, CPU)
+    assert str(e.value).startswith(f"model.name '{path}': {path / 'model.safetensors.index.json'} lists "
+                                   "model-00001.bin, which is not a safetensors file")
+    assert not (tmp_path / "MARKER").exists()
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "adapter_model.safetensors"])
+def test_a_corrupt_safetensors_file_is_one_line(tmp_path, damaged):
+    path = model_dir(tmp_path / "model", "safetensors")
+    (path / damaged).write_bytes(b"\xff" * 64)
+    with pytest.raises(UserError, match=rf"^model.name '{path}': a .safetensors file there is not readable \("):
+        load_model(str(path), torch.float32, CPU)
