@@ -17,6 +17,7 @@ would have had.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from ..errors import UserError, one_line
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
 SPEC_KEYS = {"name", "base", "set", "cases", "grid", "seeds"}
+MAX_RUNS = 10_000  # each run is a directory and at least minutes of compute: beyond this it is a mistake
 
 
 @dataclass
@@ -99,6 +101,10 @@ def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[Pl
     cases = spec.get("cases") or [{}]
     grid = spec.get("grid") or {}
     seeds = spec.get("seeds") or [0]
+    count = len(cases) * math.prod(len(values) for values in grid.values()) * len(seeds)
+    if count > MAX_RUNS:  # counted before anything is expanded: a grid of 10^9 points is one line, not a MemoryError
+        raise UserError(f"{path}: {count} runs (cases x grid x seeds), more than a sweep holds (at most {MAX_RUNS}); "
+                        "split it into several sweep files")
     points = []
     for case, combo, seed in itertools.product(cases, itertools.product(*grid.values()), seeds):
         points.append({**case, **dict(zip(grid, combo)), "run.seed": seed})

@@ -53,6 +53,14 @@ def test_invalid_points_fail_before_anything_runs(tmp_path):
         plan(write_spec(tmp_path, SPEC + "\ngrids: {{}}\n"))
 
 
+def test_a_grid_too_large_to_expand_is_one_line_before_anything_is_expanded(tmp_path):
+    grid = ", ".join(f"algo.{k}: [{', '.join(str(v / 100) for v in range(1, 11))}]"
+                     for k in ("lr", "clip_eps_low", "clip_eps_high", "grad_clip", "behav_cap", "dg_eta",
+                               "weight_decay", "adam_beta2", "warmup_steps"))
+    with pytest.raises(UserError, match=r"4000000000 runs \(cases x grid x seeds\), more than a sweep holds"):
+        plan(write_spec(tmp_path, SPEC.replace("seeds: [0, 1]", "grid: {{" + grid + "}}\nseeds: [0, 1]")))
+
+
 @given(st.integers(1, 12), st.integers(0, 30))
 @settings(max_examples=50, deadline=None)
 def test_shards_split_the_plan_into_disjoint_parts_that_cover_it(count, n_runs):
