@@ -89,6 +89,10 @@ def _fmt(x: float) -> str:
     return str(int(x)) if math.isfinite(x) and x == int(x) else f"{x:g}"
 
 
+MAX_SPEC_WIDTH = 10_000  # characters a placeholder's format spec may pad or cut to
+_SPEC_NUMBER = re.compile(r"\d+")
+
+
 def check_template(key: str, template: str) -> None:
     """A prompt template names row fields as {field} and nothing else: attribute or index access
     ({a.__class__}, {a[0]}) would read the row's objects like code, positional {} has no row field."""
@@ -105,3 +109,7 @@ def check_template(key: str, template: str) -> None:
         if conversion not in (None, "r", "s", "a") or "{" in (spec or ""):
             raise ConfigError(key, f"placeholder {{{name}}}: expected {{field}}, {{field!r}} or {{field:spec}} "
                                    "with a plain spec")
+        widest = max((int(n) for n in _SPEC_NUMBER.findall(spec or "")), default=0)
+        if widest > MAX_SPEC_WIDTH:  # {question:>9999999999} would allocate that many characters per prompt
+            raise ConfigError(key, f"placeholder {{{name}:{spec}}}: a width or precision of at most {MAX_SPEC_WIDTH}, "
+                                   f"got {widest}")

@@ -24,6 +24,8 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
     ("generation.overlap=maybe", "config key 'generation.overlap': expected true or false or auto, got 'maybe'"),
     ("model.name=", "config key 'model.name': must name a model: 'tiny', a hub name, a local directory, a .gguf "
                     "file or random:<shape>"),
+    ("data.prompt_template=Q: {question:.>99999999}", "config key 'data.prompt_template': placeholder "
+     "{question:.>99999999}: a width or precision of at most 10000, got 99999999"),
 ])
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:
