@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from ..errors import UserError
 
 MAX_TEMPLATE_STEPS = 1_000_000  # lines of compiled template code per render (~1 s of Python)
+MAX_RENDER_CHARS = 4_000_000  # one rendered prompt: far beyond any context a model takes
 TEMPLATE_FILE = "<template>"  # what Jinja names the code it compiles a template to
 T = TypeVar("T")
 
@@ -31,7 +32,7 @@ class _OverBudget(BaseException):
 def bounded_render(render: Callable[[], T], what: str) -> T:
     """`render()` (which renders a chat template in this thread), stopped with a one-line UserError
     naming `what` if the template's code runs more than MAX_TEMPLATE_STEPS lines or recurses
-    without end."""
+    without end, or renders more than MAX_RENDER_CHARS characters."""
     steps = 0
 
     def in_template(frame: FrameType, event: str, arg: Any) -> Any:
@@ -48,14 +49,23 @@ def bounded_render(render: Callable[[], T], what: str) -> T:
     previous = sys.gettrace()
     sys.settrace(on_call)
     try:
-        return render()
+        rendered = render()
     except _OverBudget:
         raise UserError(f"{what} ran more than {MAX_TEMPLATE_STEPS:,} steps for one prompt (a loop that does not "
                         "end?); fix the template, or set data.chat_template=false") from None
     except RecursionError:
         raise UserError(f"{what} recursed without end; fix the template, or set data.chat_template=false") from None
+    except MemoryError:
+        raise UserError(f"{what} ran out of memory rendering one prompt; fix the template, or set "
+                        "data.chat_template=false") from None
     finally:
         sys.settrace(previous)
+    # One expression can build a huge string without running many lines ({{ "x" * 10**9 }}, a join of
+    # ranges): the first such prompt ends the run, not every prompt of the data set after it.
+    if isinstance(rendered, str) and len(rendered) > MAX_RENDER_CHARS:
+        raise UserError(f"{what} rendered {len(rendered):,} characters for one prompt (at most "
+                        f"{MAX_RENDER_CHARS:,}); fix the template, or set data.chat_template=false")
+    return rendered
 
 
 def apply_template(tokenizer: Any, messages: list[dict[str, Any]], **options: Any) -> str:

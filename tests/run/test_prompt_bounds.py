@@ -42,6 +42,25 @@ def test_a_template_that_does_not_end_is_one_line_naming_it(case):
     assert sys.gettrace() is tracer  # a debugger's or coverage's tracer is given back
 
 
+EXPANSIONS = {  # few template lines, each building a huge string in one expression
+    "a string product": '{{ "x" * 50000000 }}',
+    "a join of ranges": '{{ range(20000)|join(range(300)|join("a")) }}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPANSIONS))
+def test_a_template_that_expands_hugely_ends_at_the_first_prompt(case, monkeypatch):
+    renderer = PromptRenderer(tokenizer_with(EXPANSIONS[case]), chat=True)
+    rendered = []
+    text = renderer.text
+    monkeypatch.setattr(renderer, "text", lambda example: rendered.append(1) or text(example))
+    rows = [Example(f"q{i}", "1+1", "2") for i in range(5)]
+    with pytest.raises(UserError, match=r"^the chat template of .* rendered [0-9,]+ characters for one prompt "
+                                        r"\(at most 4,000,000\)"):
+        encode_prompts(rows, renderer, 64, False, "training", print)
+    assert len(rendered) == 1
+
+
 def test_an_episode_template_that_does_not_end_stops_the_run_not_falls_back():
     tokenizer = tokenizer_with(LOOPS["nested ranges"])
     codec = Codec(tokenizer.encode, tokenizer.decode, tokenizer.decode, template=tokenizer)
