@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..monitor.plain import plain_line
+
+DUPLICATE_S = 0.1  # a second signal sooner than this is a duplicate delivery, not a second Ctrl-C
 
 
 class Stoppable(Protocol):
@@ -27,7 +31,13 @@ def stop_signals(target: Stoppable) -> Iterator[None]:
     and a handler left behind would keep this run's models alive into the next run of a sweep."""
     loop = asyncio.get_running_loop()
 
+    first: dict[int, float] = {}
+
     def stop(signum: int) -> None:
+        now = time.monotonic()
+        if now - first.get(signum, -math.inf) < DUPLICATE_S:
+            return  # the same signal twice at once: `timeout` sends it to the process and to its group
+        first.setdefault(signum, now)
         if target.stop_requested:
             # Immediate exit is safe: checkpoints are renamed into place and metrics lines are
             # single appends that a resume repairs.
