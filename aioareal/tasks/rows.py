@@ -117,7 +117,9 @@ def read_file(path: str, skip_bad: bool = False, bad: list[int] | None = None) -
     """Rows of a .jsonl/.json/.parquet/.csv file, each with its location; `bad` collects skipped lines."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"{path}: no such file")
+        what = ("a directory" if p.is_dir() else "not a regular file (a pipe or a device)" if p.exists()
+                else "no such file")
+        raise DataError(f"{path}: {what}; expected a data file ({', '.join(FILE_TYPES)})")
     suffix = p.suffix.lower()
     if suffix == ".jsonl":
         return _read_jsonl(p, skip_bad, [] if bad is None else bad)

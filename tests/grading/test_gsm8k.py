@@ -248,8 +248,11 @@ def test_missing_field(tmp_path: Path) -> None:
 
 
 def test_missing_and_empty_files(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=f"^{tmp_path / 'nope.jsonl'}: no such file$"):
+    with pytest.raises(DataError, match=f"^{tmp_path / 'nope.jsonl'}: no such file; expected a data file"):
         GSM8KTask(path=str(tmp_path / "nope.jsonl")).splits()
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(DataError, match=f"^{tmp_path / 'folder.jsonl'}: a directory; expected a data file"):
+        GSM8KTask(path=str(tmp_path / "folder.jsonl")).splits()
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="empty file"):
         GSM8KTask(path=str(tmp_path / "empty.jsonl")).splits()
