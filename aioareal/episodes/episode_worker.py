@@ -13,7 +13,8 @@ time is the engine's alone, so `gen_idle_frac` shows how long the generator wait
 Slots: a group's episodes that have not asked for their first turn yet hold its G places
 (`free_slots`), so async admission does not over-admit in the moment before they start; later
 turns take a slot only while they decode. `in_flight` counts sequences in the engine and episodes
-under way, so sync and one-step adopt a new version only between batches, as they do for groups.
+under way (from their first model token), so sync and one-step adopt a new version only between
+batches, as they do for groups.
 """
 from __future__ import annotations
 
@@ -86,7 +87,11 @@ class EpisodeWorker:
 
     @property
     def in_flight(self) -> int:
-        return len(self.engine.running) + sum(1 for g in self.groups.values() for s in g.samples if s.tokens)
+        # An episode counts from its first model token: one that has only observed so far holds no
+        # token of any version, and counting it would keep sync from ever adopting a new version
+        # when every episode observes before its first turn (its groups then all go stale).
+        return len(self.engine.running) + sum(1 for g in self.groups.values() for s in g.samples
+                                              if len(s.tokens) > s.completion.obs_tokens)
 
     async def step(self, adopt: bool) -> list[Group]:
         self.queue.feed(self.engine.submit_turn)

@@ -7,7 +7,8 @@ for the task's verdict on its last model turn. Whatever an episode does wrong is
 (`episode_errors`) and scores 0, and the run goes on: it raises, runs past `timeout_s`, returns
 something that is not a finite number, holds the event loop too long between two awaits (`steps.py`),
 or ends without a single model turn (that sample is then given one one-token turn, so that its
-record holds a model token like every other).
+record holds a model token like every other; where observations filled the budget, the last of
+them gives up its last token for it).
 """
 from __future__ import annotations
 
@@ -88,8 +89,13 @@ class EpisodeRunner:
         return float(value)
 
     async def _one_token(self, gen: EpisodeGen) -> None:
-        if gen.room <= 0:  # the observations filled the budget: nothing can be sampled
-            return
+        if gen.room <= 0:
+            # The observations filled the budget: the last one gives up its last token, so that the
+            # record still holds a model token (staleness and the loss read the model's tokens only).
+            c, keep = gen.completion, gen.ctx.budget - 1
+            del c.tokens[keep:], c.logprobs[keep:], c.versions[keep:]
+            for t in c.turns:
+                t.start, t.end = min(t.start, keep), min(t.end, keep)
         await gen.turn(max_tokens=1)
 
     def _failed(self, gen: EpisodeGen, what: str, error: BaseException | None = None) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..group import Group
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
 from ..tasks.base import Example, Task
-from ..tools import ToolBox, build_toolbox
+from ..tools import ToolBox, ToolThreads, build_toolbox
 from .evaluation import EvalSet, Evaluator, KeptCompletions
 
 Log = Callable[[str], None]
@@ -84,17 +84,32 @@ class EpisodeSetup:
     codec: Codec
     config: Config
     log: Log = print  # where an episode's first failure is shown
+    # One per run: training's box and every evaluation's share its threads (ToolThreads).
+    tool_threads: ToolThreads = field(init=False)
+
+    eval_log: Log = field(init=False)  # the run's log, for the first evaluation failure of the run only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tool_threads", ToolThreads(self.config.tools.max_threads))
+        shown: list[str] = []
+
+        def first_only(line: str) -> None:  # every evaluation fails alike: one account is enough
+            if not shown:
+                shown.append(line)
+                self.log(line)
+        object.__setattr__(self, "eval_log", first_only)
 
     def toolbox(self, seed_offset: int = 0) -> ToolBox:
-        """A box of the configured tools with counters of its own (training and evaluation keep apart)."""
+        """A box of the configured tools with counters of its own (training and evaluation keep apart)
+        and the run's threads."""
         t = self.config.tools
         return build_toolbox(t.names, t.functions, t.timeout_s, t.latency_ms, self.config.run.seed + seed_offset,
-                             t.max_threads)
+                             t.max_threads, self.tool_threads)
 
     def runner(self, queue: TurnQueue, tools: ToolBox, score: Any, budget: int,
-               log: Log | None = None) -> EpisodeRunner:
+               log: Log | None = None, name: str | None = None) -> EpisodeRunner:
         ctx = EpisodeContext(queue, self.codec, tools, score, budget, self.config.tools.max_calls)
-        return EpisodeRunner(self.episode, ctx, self.config.data.episode_timeout_s, f"episode '{self.spec}'",
+        return EpisodeRunner(self.episode, ctx, self.config.data.episode_timeout_s, name or f"episode '{self.spec}'",
                              log or self.log)
 
 
@@ -169,7 +184,9 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
         return await asyncio.to_thread(score, text, example), False
 
     tools = setup.toolbox(seed_offset=1)
-    runner = setup.runner(queue, tools, scored, budget, log=lambda line: None)
+    # The run's log, named: an episode that fails here (raises, hangs, blocks the loop) would
+    # otherwise cost the evaluation its timeout per row with nothing said (the run's first shown).
+    runner = setup.runner(queue, tools, scored, budget, setup.eval_log, f"held-out evaluation: episode '{setup.spec}'")
     groups = [Group(i, ids, 1, example) for i, (ids, example) in enumerate(zip(eval_set.prompt_ids, eval_set.examples))]
     try:
         outcomes = asyncio.run(drive(engine, queue, [runner.run_group(g) for g in groups]))
@@ -179,4 +196,5 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
     completions = [g.completions[0] for g in groups]
     return {"eval_pass_rate": fmean(rewards[0] for rewards, _ in outcomes),
             "eval_len_mean": fmean(len(c.tokens) for c in completions),
-            "eval_tool_calls_mean": fmean(len(c.tool_calls) for c in completions)}
+            "eval_tool_calls_mean": fmean(len(c.tool_calls) for c in completions),
+            "eval_episode_errors": runner.stats.errors}

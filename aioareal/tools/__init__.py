@@ -2,7 +2,7 @@
 that calls them under timeouts and turns every failure into a counted observation."""
 from .calculator import CalculatorError, calculate
 from .registry import BUILTIN, build_toolbox, load_tools
-from .toolbox import ERROR_PREFIX, Tool, ToolBox, ToolResult, ToolStats
+from .toolbox import ERROR_PREFIX, Tool, ToolBox, ToolResult, ToolStats, ToolThreads
 
 __all__ = ["BUILTIN", "ERROR_PREFIX", "CalculatorError", "Tool", "ToolBox", "ToolResult", "ToolStats",
-           "build_toolbox", "calculate", "load_tools"]
+           "ToolThreads", "build_toolbox", "calculate", "load_tools"]

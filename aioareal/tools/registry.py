@@ -8,7 +8,7 @@ import inspect
 from ..errors import ConfigError, UserError
 from ..usercode import resolve_spec
 from .calculator import calculate
-from .toolbox import Tool, ToolBox
+from .toolbox import Tool, ToolBox, ToolThreads
 
 BUILTIN = {"calculator": calculate}
 
@@ -45,6 +45,8 @@ def _check_signature(spec: str, fn: object) -> None:
 
 
 def build_toolbox(names: list[str], functions: list[str], timeout_s: float, latency_ms: list[float],
-                  seed: int = 0, max_threads: int = 64) -> ToolBox:
+                  seed: int = 0, max_threads: int = 64, shared: ToolThreads | None = None) -> ToolBox:
+    """A box of these tools; `shared`: the run's tool threads (one budget for every box of the run)."""
     lo, hi = (latency_ms + latency_ms)[:2] if latency_ms else (0.0, 0.0)
-    return ToolBox(load_tools(names, functions, timeout_s), (lo / 1000, hi / 1000), seed, max_threads=max_threads)
+    return ToolBox(load_tools(names, functions, timeout_s), (lo / 1000, hi / 1000), seed, max_threads=max_threads,
+                   shared=shared)

@@ -63,6 +63,17 @@ class ToolStats:
                 "tool_timeouts_total": self.timeouts}
 
 
+class ToolThreads:
+    """The threads a run's tools may hold: one per run, shared by training's box and every
+    evaluation's, so that tools stuck past their timeout count against one `max_threads` budget
+    instead of each new box starting `max_threads` more."""
+
+    def __init__(self, max_threads: int = 64) -> None:
+        self.max_threads = max_threads
+        self.threads = BoundedThreads(max_threads, "tool")  # plain tools
+        self.stuck_loops: list[ToolLoop] = []  # async tools' loops a tool blocked, until it returns
+
+
 @dataclass
 class ToolBox:
     tools: list[Tool]
@@ -70,14 +81,18 @@ class ToolBox:
     seed: int = 0
     max_chars: int = 1000
     stats: ToolStats = field(default_factory=ToolStats)
-    max_threads: int = 64  # tools.max_threads
+    max_threads: int = 64  # tools.max_threads (ignored when `shared` is given: its own limit holds)
+    shared: ToolThreads | None = None  # the run's threads; None: a pool of this box's own
 
     def __post_init__(self) -> None:
         self.by_name = {t.name: t for t in self.tools}
         self._rng = random.Random(self.seed)
-        self.threads = BoundedThreads(self.max_threads, "tool")
+        if self.shared is None:
+            self.shared = ToolThreads(self.max_threads)
+        self.max_threads = self.shared.max_threads
+        self.threads = self.shared.threads
         self._loop: ToolLoop | None = None  # where async tools run (loop.py), started on the first call
-        self._stuck_loops: list[ToolLoop] = []  # replaced because a tool blocked them, until it returns
+        self._stuck_loops = self.shared.stuck_loops
 
     @property
     def names(self) -> list[str]:
@@ -147,7 +162,7 @@ class ToolBox:
         if self._loop is not None and self._loop.blocked(timeout_s):
             self._retire_loop()
         if self._loop is None:
-            self._stuck_loops = [s for s in self._stuck_loops if s.thread.is_alive()]
+            self._stuck_loops[:] = [s for s in self._stuck_loops if s.thread.is_alive()]  # in place: shared
             if len(self._stuck_loops) >= self.max_threads:
                 raise Saturated(f"all {self.max_threads} tool loops are held by async tools that block past their "
                                 f"timeout")

@@ -80,7 +80,9 @@ def test_episode_errors_are_counted_and_shown_once(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 4 and rows[-1]["episode_errors"] >= 4 * 2  # one per group, at least 8 groups
     shown = [line for line in lines if "raised ValueError: an episode bug" in line]
-    assert len(shown) == 1 and "Traceback" in shown[0] and "env.py" in shown[0]
+    training = [line for line in shown if not line.startswith("held-out evaluation: ")]
+    assert len(training) == 1 and "Traceback" in training[0] and "env.py" in training[0]
+    assert len(shown) == 2  # and the evaluations' first (steps 0 and 4), once for the run
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert all(s["reward"] == 0.0 for s in samples[::4])  # the failing sample of each group scored 0
 
