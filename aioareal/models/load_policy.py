@@ -138,7 +138,8 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
         raise UserError(f"model.name '{name}': a .safetensors file there is not readable ({_first_line(e)})") from None
     except (OSError, ValueError, KeyError) as e:
         # A hub repository without safetensors ends up here (a local directory was checked above).
-        hint = f"; {ALLOW_PICKLE_HINT}" if not allow_pickle and "safetensors" in str(e) and not _is_local(name) else ""
+        hub_pickles = not allow_pickle and "safetensors" in str(e) and not is_local_name(name)
+        hint = f"; {ALLOW_PICKLE_HINT}" if hub_pickles else ""
         raise UserError(f"model.name '{name}': could not load the model ({_first_line(e)}){hint}") from None
     return model.to(device)
 
@@ -227,12 +228,13 @@ def _refuse_pickle_adapter(name: str) -> None:
                         f"would load onto the model; {ALLOW_PICKLE_HINT}")
 
 
-def _is_local(name: str) -> bool:
+def is_local_name(name: str) -> bool:
+    """Whether `name` is a path (relative, absolute, home or existing), not a hub name (owner/name)."""
     return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
 
 
 def _check_local(name: str) -> None:
-    if _is_local(name) and not Path(name).expanduser().exists():
+    if is_local_name(name) and not Path(name).expanduser().exists():
         raise UserError(f"model.name '{name}': no such file or directory")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..config import Config, load_config
 from ..errors import UserError
+from ..models.load_policy import is_local_name
 from ..run.build import model_path
 
 RUN_CONFIG = "config.yaml"
@@ -42,7 +43,7 @@ def resolve(arg: str) -> Target:
         return Target(arg, str(path / checkpoint.POLICY_DIR), run_config if run_config.is_file() else None)
     if path.suffix == ".gguf" and not path.is_file():
         raise UserError(f"{arg}: no such GGUF file")
-    if not path.expanduser().exists() and (arg.startswith((".", "/", "~")) or arg.count("/") > 1):
+    if is_local_name(arg) and not path.expanduser().exists():
         # A path, not a hub name (owner/name): said before any target is evaluated, not after.
         raise UserError(f"{arg}: no such run, checkpoint or model directory")
     return Target(arg, arg, named=not path.exists())
