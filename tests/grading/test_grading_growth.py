@@ -1,11 +1,11 @@
 """The GSM8K grader is linear in the completion (docs/reliability.md#the-grader): for adversarial
 inputs of the ReDoS form prefix + pump * k + suffix, built from what the reading rules look for
 (runs of whitespace, answer markers, boxes, digits, separators, number words, braces), grading 8n
-characters costs at most ~10x grading n; and a thread grading the worst of them leaves the asyncio
-event loop's longest gap small (Python's `re` holds the GIL for a whole match, so a backtracking
-pattern freezes every coroutine of the process). Growth is measured, not a wall-clock limit: the
-best of several batches of this thread's CPU time at each size, alternating, so a busy machine
-does not count."""
+characters costs at most 16x grading n (linear is 8x, quadratic 64x); and a thread grading the
+worst of them leaves the asyncio event loop's longest gap small (Python's `re` holds the GIL for a
+whole match, so a backtracking pattern freezes every coroutine of the process). Growth is
+measured, not a wall-clock limit: the best of several batches of this thread's CPU time at each
+size, alternating, so a busy machine does not count."""
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +28,8 @@ TOKENS = (" ", "  ", "\t", "\n", " \n", "*", "**", "answer", "answer is", "Answe
 PARTS = st.lists(st.sampled_from(TOKENS), max_size=4).map("".join)
 PUMPS = st.lists(st.sampled_from(TOKENS), min_size=1, max_size=3).map("".join)
 SIZES = (32, 256, 2048)  # each 8x the one before; all under MAX_CHARS, so the cap plays no part
-GROWTH = 10.0  # linear work grows 8x (less with fixed costs); a quadratic rule grows 64x
+GROWTH = 16.0  # linear work grows 8x (less with fixed costs), measured up to 7.9x; a quadratic rule 64x
+# (half fixed costs at n still leave it 32x). 10x failed once in CI: 25% over linear was too tight.
 WORST = ("#### " + " " * 140 + "x", "The answer is" + " " * 130 + "definitely x",  # the shapes that froze it
          "\\boxed{1} or" + " " * 130 + "x", "1. check" + " " * 135 + "x", "Check" + " *" * 70 + "x")
 
