@@ -202,6 +202,9 @@ class TrainConfig:
         "masters = a bf16 working copy of the model runs forward and backward, the optimizer updates fp32 master "
         "weights kept apart and copies them back (half the activation memory, no casts; one process, full "
         "fine-tuning)", "autocast")
+    optimizer_moments: Literal["float32", "bfloat16"] = doc(
+        "dtype of AdamW's two moments: bfloat16 halves the optimizer state, stochastically rounded (one process; "
+        "docs/performance.md#memory)", "float32")
     max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
                                  "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 

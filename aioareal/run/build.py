@@ -134,7 +134,7 @@ def build_models(config: Config, start: str, resume_from: Path | None, gen_devic
     gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust, allow_pickle=pickle)
     train = load_model(policy, torch.float32, train_device, trust, allow_pickle=pickle)
     if config.model.gradient_checkpointing:
-        train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(train)
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
@@ -142,6 +142,16 @@ def build_models(config: Config, start: str, resume_from: Path | None, gen_devic
                   else copy.deepcopy(train))
         ref = source.to(compute_dtype).eval().requires_grad_(False)
     return Models(gen, train, ref, compute_dtype)
+
+
+def checkpoint_activations(model: PreTrainedModel) -> None:
+    """Recompute each layer's activations in the backward (model.gradient_checkpointing), through
+    transformers' current name for it where it has one: the old name warns on every run."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_device: torch.device,
@@ -162,7 +172,7 @@ def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_
     peft_model = lora.wrap(base, m, adapter)
     train = peft_model.get_base_model()
     if m.gradient_checkpointing:
-        train.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(train)
     ref = lora.AdaptersOff(peft_model) if config.algo.kl_coef > 0 else None
     return Models(gen, train, ref, compute_dtype)
 

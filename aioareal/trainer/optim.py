@@ -9,12 +9,18 @@ taken where every trained parameter is a floating tensor on one of those devices
 CPU); FSDP2's sharded parameters (DTensors) qualify too: torch 2.13 shards `_fused_adamw_` as a
 pointwise op over the local shards (tests/trainer/test_train_compile.py checks that it equals foreach on a
 DTensor). Mixed devices take `foreach`.
+
+`train.optimizer_moments=bfloat16` takes AdamW with bf16 moments instead (trainer/bf16_moments.py).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import torch
+
+from ..config import AlgoConfig
+from ..errors import UserError
+from .bf16_moments import AdamWBf16Moments
 
 FUSED_DEVICES = ("cuda", "cpu")
 
@@ -26,3 +32,15 @@ def adamw_kind(params: Iterable[torch.Tensor]) -> dict[str, bool]:
     kinds = {p.device.type for p in params}
     fused = len(kinds) == 1 and kinds <= set(FUSED_DEVICES) and all(torch.is_floating_point(p) for p in params)
     return {"fused": True} if fused else {"foreach": True}
+
+
+def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, sharded: bool) -> torch.optim.Optimizer:
+    """The trainer's AdamW over `params`, its moments in fp32 (torch's, fused where it can be) or
+    bf16 (train.optimizer_moments)."""
+    settings = {"lr": algo.lr, "betas": (0.9, algo.adam_beta2), "weight_decay": algo.weight_decay}
+    if moments == "float32":
+        return torch.optim.AdamW(params, **settings, **adamw_kind(params))
+    if sharded:  # FSDP2's sharded checkpoints are tested with torch's AdamW state only
+        raise UserError("train.optimizer_moments=bfloat16 runs in one process; under torchrun use float32 "
+                        "(FSDP2 already shards the moments across ranks)")
+    return AdamWBf16Moments(params, **settings)

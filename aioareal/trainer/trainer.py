@@ -25,7 +25,7 @@ from .compiled import layers_compiled
 from .logprobs import TokenLogprobs, token_logprobs
 from .masters import working_copy
 from .objective import Totals, micro_loss
-from .optim import adamw_kind
+from .optim import build_optimizer
 from .prefix_tree import use_tree
 from .stats import StepSums, read_back, step_figures
 from .varlen import use_varlen
@@ -79,9 +79,7 @@ class Trainer:
         self.working = working_copy(model, train.precision, self.autocast_dtype, collective.size > 1)
         if self.working is not None:
             self.policy = TokenLogprobs(self.working.model)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=self.algo.lr, betas=(0.9, self.algo.adam_beta2),
-            weight_decay=self.algo.weight_decay, **adamw_kind(self.params))
+        self.optimizer = build_optimizer(self.params, self.algo, train.optimizer_moments, collective.size > 1)
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
