@@ -11,7 +11,12 @@ half a step, so rounded to nearest v would stop following the gradients' scale
 move in expectation as the fp32 ones do. Weights and gradients keep their own dtype (fp32 masters).
 
 The update runs over chunks of each parameter (CHUNK elements), so its fp32 temporaries stay
-small beside the largest parameter (the 49k x 576 embedding: 113 MB in fp32).
+small beside the largest parameter (the 49k x 576 embedding: 113 MB in fp32) and in cache. One
+draw of CHUNK random values per parameter and step serves all its chunks and both moments: each
+value's rounding is still unbiased (its noise is uniform and independent of the value), and a
+draw per value was most of the cost. Measured on 19M parameters, one AVX2 thread: 0.10 s a step
+against torch's fused AdamW 0.02 s and foreach 0.12 s (0.29 s with 16 MB chunks and a draw per
+value); about 0.7 s a step for SmolLM2-135M.
 """
 from __future__ import annotations
 
@@ -20,20 +25,23 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-CHUNK = 1 << 22  # elements per slice of a parameter in the update: 16 MB of fp32 per temporary
+CHUNK = 1 << 18  # elements per slice of a parameter in the update: 1 MB of fp32 per temporary, in cache
 LOW_BITS = 1 << 16  # fp32 bits below bf16's mantissa
 HIGH_MASK = -LOW_BITS  # 0xFFFF0000 as an int32: keeps sign, exponent and bf16's 7 mantissa bits
 
 
-def round_stochastically(x: torch.Tensor, out: torch.Tensor, generator: torch.Generator | None = None) -> None:
-    """Write fp32 `x` into bf16 `out`, each value rounded up in magnitude with probability equal to
-    the fraction of a bf16 step it lies above the value below it. Adding 16 random low bits to the
-    bit pattern and cutting them off does that for either sign (the pattern is sign and magnitude);
-    a carry into the exponent is the correct rounding up. The result's low bits are zero, so the
-    final cast to bf16 is exact."""
-    bits = x.view(torch.int32)
-    noise = torch.randint(0, LOW_BITS, bits.shape, dtype=torch.int32, device=bits.device, generator=generator)
-    out.copy_(noise.add_(bits).bitwise_and_(HIGH_MASK).view(torch.float32))
+def random_low_bits(like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Uniform int32 values in [0, 2^16), shaped like `like`: the bits a rounding cuts off."""
+    return torch.empty(like.shape, dtype=torch.int32, device=like.device).random_(0, LOW_BITS, generator=generator)
+
+
+def round_stochastically(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor) -> None:
+    """Write fp32 `x` into bf16 `out` (overwriting `x`), each value rounded up in magnitude with
+    probability equal to the fraction of a bf16 step it lies above the value below it. Adding
+    `noise` (random_low_bits) to the bit pattern and cutting the low 16 bits off does that for
+    either sign (the pattern is sign and magnitude); a carry into the exponent is the correct
+    rounding up. The result's low bits are zero, so the final cast to bf16 is exact."""
+    out.copy_(x.view(torch.int32).add_(noise).bitwise_and_(HIGH_MASK).view(torch.float32))
 
 
 class AdamWBf16Moments(torch.optim.Optimizer):
@@ -91,14 +99,16 @@ class AdamWBf16Moments(torch.optim.Optimizer):
         step_size = lr / (1 - beta1 ** step)
         root_correction = math.sqrt(1 - beta2 ** step)
         generator = self._generator(p.device, step, index)
-        p.mul_(1 - lr * group["weight_decay"])
+        if group["weight_decay"]:
+            p.mul_(1 - lr * group["weight_decay"])
         flat = zip(p.view(-1).split(CHUNK), p.grad.reshape(-1).split(CHUNK),
                    state["exp_avg"].view(-1).split(CHUNK), state["exp_avg_sq"].view(-1).split(CHUNK))
+        noise = random_low_bits(p.view(-1)[:CHUNK], generator)
         for weight, grad, avg16, sq16 in flat:
             grad = grad.float()
             avg = avg16.float().lerp_(grad, 1 - beta1)
             sq = sq16.float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = sq.sqrt().div_(root_correction).add_(eps)
-            weight.addcdiv_(avg, denom, value=-step_size)
-            round_stochastically(avg, avg16, generator)
-            round_stochastically(sq, sq16, generator)
+            # sqrt(v) / root_correction + eps, with the division folded into the step's scale
+            weight.addcdiv_(avg, sq.sqrt().add_(eps * root_correction), value=-step_size * root_correction)
+            round_stochastically(avg, avg16, noise[:avg.numel()])
+            round_stochastically(sq, sq16, noise[:sq.numel()])
