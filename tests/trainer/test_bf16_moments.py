@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.trainer.bf16_moments import AdamWBf16Moments, round_stochastically
+from aioareal.trainer.bf16_moments import AdamWBf16Moments, random_low_bits, round_stochastically
 
 
 def neighbours(x: float) -> tuple[float, float]:
@@ -27,7 +27,7 @@ def test_stochastic_rounding_lands_on_a_neighbour_and_is_unbiased(x: float) -> N
     x = float(torch.tensor(x, dtype=torch.float32))
     values = torch.full((20_000,), x)
     out = torch.empty(20_000, dtype=torch.bfloat16)
-    round_stochastically(values, out, torch.Generator().manual_seed(0))
+    round_stochastically(values, out, random_low_bits(values, torch.Generator().manual_seed(0)))
     rounded = out.double()
     low, high = neighbours(x)
     assert set(rounded.unique().tolist()) <= {low, high}
@@ -46,7 +46,8 @@ def test_stochastic_rounding_keeps_the_second_moment_moving_where_nearest_freeze
     for _ in range(steps):
         exact.mul_(beta2).add_(target * (1 - beta2))
         nearest.copy_(nearest.float().mul_(beta2).add_(target * (1 - beta2)))
-        round_stochastically(stochastic.float().mul_(beta2).add_(target * (1 - beta2)), stochastic, generator)
+        moved = stochastic.float().mul_(beta2).add_(target * (1 - beta2))
+        round_stochastically(moved, stochastic, random_low_bits(moved, generator))
     assert torch.all(nearest == 1.0)  # frozen where it started
     assert abs(stochastic.float().mean().item() - exact.mean().item()) < 0.01 * exact.mean().item()
 
