@@ -204,7 +204,7 @@ class TrainConfig:
         "fine-tuning)", "autocast")
     optimizer_moments: Literal["float32", "bfloat16"] = doc(
         "dtype of AdamW's two moments: bfloat16 halves the optimizer state, stochastically rounded (one process; "
-        "docs/performance.md#memory)", "float32")
+        "docs/log/2026-11-memory.md)", "float32")
     max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
                                  "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
 
