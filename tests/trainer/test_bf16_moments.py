@@ -140,3 +140,18 @@ def test_bf16_moments_are_refused_under_torchrun() -> None:
     with pytest.raises(UserError, match="train.optimizer_moments=bfloat16 runs in one process"):
         build_optimizer(params, AlgoConfig(), "bfloat16", sharded=True)
     assert isinstance(build_optimizer(params, AlgoConfig(), "bfloat16", sharded=False), AdamWBf16Moments)
+
+
+def test_a_forced_resume_may_switch_the_moments_dtype_either_way() -> None:
+    """`--resume --force train.optimizer_moments=...`: each optimizer loads the other's state."""
+    model, x, y = problem(3)
+    fp32 = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, fp32, x, y, 3)
+    ours = AdamWBf16Moments(model.parameters(), lr=1e-2)
+    ours.load_state_dict(copy.deepcopy(fp32.state_dict()))
+    assert all(s["exp_avg_sq"].dtype == torch.bfloat16 and float(s["step"]) == 3 for s in ours.state.values())
+    train(model, ours, x, y, 2)
+    back = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    back.load_state_dict(copy.deepcopy(ours.state_dict()))
+    assert all(s["exp_avg_sq"].dtype == torch.float32 and float(s["step"]) == 5 for s in back.state.values())
+    train(model, back, x, y, 1)
