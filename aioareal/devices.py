@@ -87,3 +87,20 @@ def _malloc_trim():
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+
+
+def fix_mmap_threshold(mib: int) -> bool:
+    """Serve every allocation of `mib` MiB or more from pages of its own (glibc's M_MMAP_THRESHOLD),
+    handed back to the OS as soon as it is freed, instead of the heaps, which keep freed blocks
+    and fragment under a training step's tensors of 1-32 MB. It also stops glibc raising the
+    threshold after large frees. Costs page faults on each such tensor's first touch: the sums
+    config's loss phase took 1.5x as long at 1 MiB (docs/log/2026-11-memory.md). Process-wide.
+    False where glibc is not the allocator."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return mallopt(M_MMAP_THRESHOLD, mib << 20) == 1

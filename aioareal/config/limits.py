@@ -46,6 +46,7 @@ RANGES: dict[str, str] = {
     "warmup.lr": "(0, inf)", "warmup.digits": "[0, 6]", "warmup.extra_digits": "[1, 6]", "warmup.extra_calls": "[0, 1]",
     "run.seed": SEED, "run.sample_text_chars": "[0, inf)", "run.checkpoint_every": "[0, inf)",
     "run.keep_checkpoints": "[1, inf)", "run.cpu_threads": "[0, 4096]",
+    "run.mmap_threshold_mb": "[0, 32]",
     "dist.timeout_s": TIMEOUT, "dist.world_size": "[0, inf)",
 }
 DEVICE = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d{1,3})?")

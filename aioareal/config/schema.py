@@ -239,6 +239,9 @@ class RunConfig:
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
     cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
+    mmap_threshold_mb: int = doc("CPU, glibc: allocations of at least this many MiB get pages of their own, returned "
+                                 "to the OS when freed (lower peak RSS, a slower step); process-wide from the run's "
+                                 "start on; 0 = glibc's adaptive default (docs/log/2026-11-memory.md)", 0)
     trackers: list[str] = doc("experiment trackers fed the metrics.jsonl rows: any of tensorboard, wandb, trackio "
                               "(comma-separated; empty = none)", [])
     tracker_project: str = doc("project name in W&B and trackio", "aioareal")

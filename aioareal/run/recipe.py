@@ -19,7 +19,7 @@ from .. import checkpoint
 from ..checkpoint import RunState
 from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
-from ..devices import cpu_threads, threads_restored
+from ..devices import cpu_threads, fix_mmap_threshold, threads_restored
 from ..errors import RunStopped, UserError
 from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
@@ -84,6 +84,8 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     train_device = cell.device(config.rollout.train_device, "train", config)
     data = build_data(config, log)  # data errors surface before any model loads
     start = model_path(config, log)
+    if config.run.mmap_threshold_mb and "cpu" in (gen_device.type, train_device.type):
+        fix_mmap_threshold(config.run.mmap_threshold_mb)  # before the models: their tensors follow it
     threads = cpu_threads([gen_device, train_device], config.run.cpu_threads, config.rollout.mode != "sync")
     if threads:
         torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
