@@ -82,11 +82,16 @@ def release_freed_memory(device: torch.device) -> None:
 
 
 @functools.cache
-def _malloc_trim():
+def _libc() -> ctypes.CDLL | None:
+    """The C library, where glibc's allocator controls live; None where it cannot be loaded."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
+
+
+def _malloc_trim():
+    return getattr(_libc(), "malloc_trim", None)
 
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
@@ -99,8 +104,5 @@ def fix_mmap_threshold(mib: int) -> bool:
     threshold after large frees. Costs page faults on each such tensor's first touch: the sums
     config's loss phase took 1.5x as long at 1 MiB (docs/log/2026-11-memory.md). Process-wide.
     False where glibc is not the allocator."""
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return mallopt(M_MMAP_THRESHOLD, mib << 20) == 1
+    mallopt = getattr(_libc(), "mallopt", None)
+    return mallopt is not None and mallopt(M_MMAP_THRESHOLD, mib << 20) == 1
