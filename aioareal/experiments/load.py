@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..config import Config, to_dict
 from ..config.bounded_yaml import load_yaml
 from ..errors import DataError, UserError, reading
 from ..io import iter_jsonl
@@ -92,7 +93,8 @@ def run_dirs(path: Path) -> list[Path]:
 
 
 def load_run(d: Path, root: Path) -> Run:
-    return Run(name=d.name if d == root else str(d.relative_to(root)), dir=d, config=read_config(d / "config.yaml"),
+    config = with_defaults(read_config(d / "config.yaml"))
+    return Run(name=d.name if d == root else str(d.relative_to(root)), dir=d, config=config,
                metrics=read_frame(d / "metrics.jsonl", sort=True), samples=read_frame(d / "samples.jsonl"),
                finished=(d / "DONE").exists())
 
@@ -102,6 +104,21 @@ def read_config(file: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise UserError(f"{file}: expected a mapping of config sections, got {type(config).__name__}")
     return config
+
+
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's config with every key it lacks at today's default: a key added to the project after
+    the run was recorded, so that a run from before it and one after it, both at the default, fall
+    into one configuration rather than two ("optimizer_moments=none" beside "=float32")."""
+    return _merged(to_dict(Config()), config)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merged(base[key], value) if both else value
+    return out
 
 
 def read_frame(file: Path, sort: bool = False) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..io import atomic_write_text
 from .distributions import distribution_sections
+from .eval_trace import eval_trace_section
 from .load import Run, by_configuration, choose_threshold, load_runs
 from .plots import FILES, plot_runs
 
@@ -175,6 +176,7 @@ def write_report(path: str | Path, out_dir: str | Path, threshold: float | None 
               "Samples/s: trained samples / wall-clock time of the last step. Dropped: stale groups / admitted "
               "groups.", "", "## Configurations", ""]
     lines += [describe(label, groups[label], row, value) for label, (_, row) in zip(groups, table.iterrows())]
+    lines += eval_trace_section(groups)
     lines += distribution_sections(groups)
     lines += diagnostics_section(groups)
     lines += ["", "## Figures", ""]
