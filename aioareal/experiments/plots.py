@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps, cycler, rc_context
 from matplotlib.figure import Figure
 
 from .load import Run, by_configuration, choose_threshold, load_runs
@@ -35,13 +36,19 @@ def plot_sweep(path: str | Path, out_dir: str | Path, threshold: float | None = 
     return plot_runs(load_runs(path), out_dir, threshold)
 
 
+# Ten colours solid, then the same ten dashed and dotted: the default cycle repeats its ten colours
+# from the eleventh configuration on, and a study sweep has more (issue 38's has 16).
+LINES = cycler(linestyle=["-", "--", ":"]) * cycler(color=list(colormaps["tab10"].colors))
+
+
 def plot_runs(runs: list[Run], out_dir: str | Path, threshold: float | None = None) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     groups = by_configuration(runs)
     value, how = choose_threshold(runs, threshold)
-    figures = (pass_rate_vs_step(groups), pass_rate_vs_time(groups), time_to_threshold(groups, value, how),
-               staleness(groups), throughput(groups), reward(groups), off_policy(groups))
+    with rc_context({"axes.prop_cycle": LINES}):  # read when each figure's axes are made
+        figures = (pass_rate_vs_step(groups), pass_rate_vs_time(groups), time_to_threshold(groups, value, how),
+                   staleness(groups), throughput(groups), reward(groups), off_policy(groups))
     paths = []
     for name, fig in zip(FILES, figures):
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
