@@ -71,17 +71,18 @@ def distribution_sections(groups: dict[str, list[Run]]) -> list[str]:
     if len(stale):
         header = ["configuration", "samples", "mean (min-max over seeds)", "max",
                   *[str(k) for k in range(MAX_COLUMN + 1)], f">{MAX_COLUMN}"]
-        lines += ["", "## Staleness distribution", "", _markdown(stale, header, pct_from=4), "",
+        lines += ["", "## Staleness distribution", "", markdown_grid(stale, header, pct_from=4), "",
                   "Fraction of trained samples at each staleness (policy versions behind the trainer when "
                   "trained), all seeds pooled; the mean per seed as min-max."]
     idle = idle_table(groups)
     lines += ["", "## Idle time and throughput", "",
-              _markdown(idle, ["configuration", "generator idle", "trainer idle", "samples/s"]), "",
+              markdown_grid(idle, ["configuration", "generator idle", "trainer idle", "samples/s"]), "",
               "Means over training steps, then seeds (min-max over seeds in brackets)."]
     return lines
 
 
-def _markdown(table: pd.DataFrame, header: list[str], pct_from: int | None = None) -> str:
+def markdown_grid(table: pd.DataFrame, header: list[str], pct_from: int | None = None) -> str:
+    """A markdown table of `table`'s rows under `header`; columns from `pct_from` on as percentages."""
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for _, row in table.iterrows():
         cells = [f"{v:.1%}" if pct_from is not None and i >= pct_from else str(v) for i, v in enumerate(row)]

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..errors import reading
 from ..io import iter_jsonl
+from .distributions import markdown_grid
 from .load import Run
 
 CUT_SHOWN = 0.05  # below this share of cut-off answers a cell shows the pass rate alone
@@ -63,8 +64,6 @@ def eval_trace_section(groups: dict[str, list[Run]]) -> list[str]:
     if len(table.columns) == 2:
         return []
     header = ["configuration", "seed", *[f"step {c}" for c in table.columns[2:]]]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for _, row in table.iterrows()]
-    return ["", "## Held-out pass rate by evaluation, seed by seed", "", *lines, "",
+    return ["", "## Held-out pass rate by evaluation, seed by seed", "", markdown_grid(table, header), "",
             "Each run's held-out pass rate at each evaluation; \"(N% cut)\": that share of its greedy answers "
             f"hit generation.max_new_tokens (shown from {CUT_SHOWN:.0%}; from eval_samples.jsonl)."]
