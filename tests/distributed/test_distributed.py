@@ -156,13 +156,13 @@ def test_sigkill_of_one_rank_ends_the_job_and_resume_matches_an_uninterrupted_ru
 @pytest.mark.slow
 def test_sync_on_two_ranks_raises_held_out_pass_rate(tmp_path, tiny_model_path):
     run_dir = tmp_path / "learn"
-    # 100 steps once sufficed from a 0.495 warm start; from 0.34 (this machine's) they rose 0.075-0.08
-    # (seeds 0, 1), 300 steps 0.245-0.26.
-    run = torchrun(2, "-m", "aioareal", "--steps", "300", "--run-dir", str(run_dir), "eval.every=100",
+    # From the warm start's 0.33, 150 steps rose 0.29 and 0.215 (run.seed 0 and 1; AVX2, one thread a
+    # rank), as one process's 150 steps did (tests/run/test_learning.py); the bound keeps a margin.
+    run = torchrun(2, "-m", "aioareal", "--steps", "150", "--run-dir", str(run_dir), "eval.every=75",
                    "--no-dashboard", timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     curve = [r["eval_pass_rate"] for r in jsonl(run_dir / "metrics.jsonl") if r.get("eval_pass_rate") is not None]
-    assert curve[-1] - curve[0] >= 0.15, curve
+    assert len(curve) == 3 and curve[-1] - curve[0] >= 0.12, curve
 
 
 @pytest.mark.gpu

@@ -12,12 +12,15 @@ import pytest
 from aioareal.config import load_config
 from aioareal.run.recipe import train
 
-# From a warm start at 0.34 held-out (an AVX-512 machine; 0.495 on the AVX2 one before it), 200
-# steps raised the pass rate by 0.115-0.22 over seeds 0-2; 300 steps by 0.16-0.235, and the training
-# reward by 0.18-0.21. The bounds keep a margin below the worst seed: a rise of RISE is several
-# standard errors of the held-out rate, and a third below the worst seed's rise.
-STEPS = 300
+# From the warm start's 0.33 held-out (AVX2, 2 threads, run.seed 0-2), 150 steps raised the pass
+# rate by 0.27 in sync mode in every seed and by 0.32-0.38 in async K=3, and the training reward
+# (first 25 steps against the last 25) by 0.11-0.14 in sync; 300 steps raised the pass rate by
+# 0.36-0.41, so 150 keep a wide margin at half the time (docs/log/2026-11-ci-time.md). The bounds
+# sit well below the worst seed: RISE is several standard errors of a 200-problem pass rate, and
+# REWARD_RISE several of a 25-step mean of 256 rewards each.
+STEPS = 150
 RISE = 0.10
+REWARD_RISE = 0.06
 
 
 def run(tmp_path, name, flags=None, overrides=()):
@@ -42,10 +45,10 @@ def test_sync_grpo_raises_held_out_pass_rate(tmp_path, tiny_model_path):
     assert curve[-1] - curve[0] >= RISE, curve
     assert [r["step"] for r in rows] == list(range(STEPS + 1))
     assert len(samples) == STEPS * 32 * 8 and all(s["staleness"] == 0 for s in samples)
-    # The training reward rises with the held-out pass rate (0.16 -> 0.35-0.38 over the first and last
-    # 25 steps, seeds 0-2), and every row reports the samples it trained on, generated one version earlier.
+    # The training reward rises with the held-out pass rate, and every row reports the samples it
+    # trained on, generated one version earlier.
     reward = [r["reward_mean"] for r in rows[1:]]
-    assert fmean(reward[-25:]) - fmean(reward[:25]) >= RISE, (fmean(reward[:25]), fmean(reward[-25:]))
+    assert fmean(reward[-25:]) - fmean(reward[:25]) >= REWARD_RISE, (fmean(reward[:25]), fmean(reward[-25:]))
     by_step = defaultdict(list)
     for s in samples:
         by_step[s["step"]].append(s)
