@@ -45,15 +45,18 @@ def plot_runs(runs: list[Run], out_dir: str | Path, threshold: float | None = No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     groups = by_configuration(runs)
-    value, how = choose_threshold(runs, threshold)
-    with rc_context({"axes.prop_cycle": LINES}):  # read when each figure's axes are made
-        figures = (pass_rate_vs_step(groups), pass_rate_vs_time(groups), time_to_threshold(groups, value, how),
-                   staleness(groups), throughput(groups), reward(groups), off_policy(groups))
     paths = []
-    for name, fig in zip(FILES, figures):
+    for name, fig in zip(FILES, draw_figures(groups, *choose_threshold(runs, threshold))):
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
         paths.append(out / name)
     return paths
+
+
+def draw_figures(groups: dict[str, list[Run]], value: float, how: str) -> tuple[Figure, ...]:
+    """The report's figures, in FILES order, every configuration on a line style of its own (LINES)."""
+    with rc_context({"axes.prop_cycle": LINES}):  # read when each figure's axes are made
+        return (pass_rate_vs_step(groups), pass_rate_vs_time(groups), time_to_threshold(groups, value, how),
+                staleness(groups), throughput(groups), reward(groups), off_policy(groups))
 
 
 # -- aggregation over seeds ----------------------------------------------------------------------
