@@ -47,7 +47,7 @@ def build_model(name: str, dtype: torch.dtype, device: torch.device, seed: int =
     local model directory or GGUF file (loading.py resolves the last three)."""
     shape = name[len(RANDOM_PREFIX):] if name.startswith(RANDOM_PREFIX) else name
     if shape in SHAPES:
-        return random_model(shape, dtype, device, seed)
+        return random_model(shape, dtype, device, seed, build_on_device=True)  # drawn where they run
     if not Path(name).expanduser().exists() and name not in NAMED:
         raise UserError(f"--model {name}: neither a shape ({', '.join(SHAPES)}), a named model ({', '.join(NAMED)}) "
                         "nor a local model directory or GGUF file")

@@ -154,13 +154,20 @@ def attention_for(config: Any) -> str:
     return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
-def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:
+def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, *,
+                 build_on_device: bool = False) -> PreTrainedModel:
+    """A model of a named shape with random weights. Its weights are drawn on the CPU, so the same
+    seed gives the same weights wherever the model then goes (a run's generator and trainer may sit
+    on different devices). `build_on_device` draws them on `device` instead: the same seed then gives
+    the same weights on that device only, and a GPU bench no longer waits ~35 s per Qwen2.5-0.5B
+    for the host to initialize it twice over (docs/log/2026-11-h200-session.md)."""
     if shape not in SHAPES:
         raise UserError(f"model.name 'random:{shape}': unknown shape (known: {', '.join(SHAPES)})")
     tokenizer = build_char_tokenizer()
     config = shape_config(shape, vocab_size_padded(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     config._attn_implementation = ATTENTION
-    with torch.random.fork_rng(devices=[]):
+    where = device if build_on_device else torch.device("cpu")
+    with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []), torch.device(where):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype))
     return model.to(device)

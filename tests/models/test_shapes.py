@@ -21,3 +21,31 @@ def test_the_smollm2_shape_is_smollm2_plus_the_qwen2_biases():
 
 def test_the_qwen_shape_has_qwens_parameter_count():
     assert "qwen2.5-0.5b" in SHAPES and parameters("qwen2.5-0.5b") == 494_032_768
+
+
+
+def test_a_bench_draws_random_weights_on_its_device_and_a_run_on_the_cpu(monkeypatch):
+    # bench/harness.py builds on the bench's device (a GPU then initializes Qwen2.5-0.5B in
+    # milliseconds, not ~35 s on the host); a run's random model is drawn on the CPU wherever it goes.
+    from aioareal.bench.harness import build_model
+    from aioareal.models import load_policy, random_model
+
+    built_on = []
+    real = load_policy.AutoModelForCausalLM.from_config
+
+    def spy(*args, **kwargs):
+        built_on.append(torch.get_default_device().type)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(load_policy.AutoModelForCausalLM, "from_config", spy)
+    on_meta = build_model("random:tiny", torch.float32, torch.device("meta"))
+    assert built_on == ["meta"] and {p.device.type for p in on_meta.parameters()} == {"meta"}
+    random_model("tiny", torch.float32, torch.device("meta"))
+    assert built_on == ["meta", "cpu"]
+    # On the CPU the two agree: one seed, one set of weights.
+    run_model = random_model("tiny", torch.float32, torch.device("cpu"), seed=5)
+    bench_model = build_model("random:tiny", torch.float32, torch.device("cpu"), seed=5)
+    for a, b in zip(run_model.state_dict().values(), bench_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    other_seed = random_model("tiny", torch.float32, torch.device("cpu"), seed=6)
+    assert not torch.equal(other_seed.lm_head.weight, run_model.lm_head.weight)
