@@ -60,6 +60,10 @@ def _train(args: argparse.Namespace) -> int:
     """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
     # A fresh run's config is read first: a bad flag or file fails in a second, before torch loads.
     fresh = load(args) if args.resume is None else None
+    if fresh is not None:
+        from .run.early_checks import check_before_loading
+
+        check_before_loading(fresh)
     from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
     from .run.cell import cell_for
     from .run.recipe import train

@@ -17,11 +17,8 @@ from .errors import UserError
 
 def resolve_spec(spec: str, what: str, error: type[UserError] = UserError) -> Any:
     """The object `spec` names; `what` ("reward function", "episode", "tool") names it in errors."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise error(f"{what} '{spec}': expected 'package.module:function' or 'path/to/file.py:function'")
-    is_file = target.endswith(".py") or "/" in target or "\\" in target
-    module = _import_file(spec, target, what, error) if is_file else _import_module(spec, target, what, error)
+    target, attr = _split(spec, what, error)
+    module = _import_file(spec, target, what, error) if _is_file(target) else _import_module(spec, target, what, error)
     try:
         return functools.reduce(getattr, attr.split("."), module)
     except AttributeError:
@@ -31,13 +28,50 @@ def resolve_spec(spec: str, what: str, error: type[UserError] = UserError) -> An
                     f"(its functions: {', '.join(names) or 'none'})") from None
 
 
+def check_spec(spec: str, what: str, error: type[UserError] = UserError) -> None:
+    """What can be checked of `spec` without running any of the user's code: its form, that its file
+    exists, that its top-level module can be found. A run checks this before torch loads, so a typo
+    is an error in a second rather than after the ~7 s of importing torch and transformers."""
+    target, _ = _split(spec, what, error)
+    if _is_file(target):
+        if not Path(target).expanduser().is_file():
+            raise error(_no_file(spec, target, what))
+        return
+    top = target.split(".")[0]
+    try:
+        missing = top not in sys.modules and importlib.util.find_spec(top) is None  # finds, runs nothing
+    except (ImportError, ValueError):
+        return  # a name find_spec cannot look up: resolve_spec reports it as it imports
+    if missing:
+        raise error(_no_module(spec, top, target, what))
+
+
+def _split(spec: str, what: str, error: type[UserError]) -> tuple[str, str]:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise error(f"{what} '{spec}': expected 'package.module:function' or 'path/to/file.py:function'")
+    return target, attr
+
+
+def _is_file(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _no_file(spec: str, target: str, what: str) -> str:
+    return f"{what} '{spec}': no such file {target}"
+
+
+def _no_module(spec: str, missing: str, target: str, what: str) -> str:
+    return (f"{what} '{spec}': no module named '{missing}' (is its directory on PYTHONPATH? "
+            f"or give a file: 'path/to/{target.split('.')[-1]}.py:function')")
+
+
 def _import_module(spec: str, name: str, what: str, error: type[UserError]) -> Any:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
-            raise error(f"{what} '{spec}': no module named '{e.name}' (is its directory on PYTHONPATH? "
-                        f"or give a file: 'path/to/{name.split('.')[-1]}.py:function')") from None
+            raise error(_no_module(spec, e.name, name, what)) from None
         raise error(f"{what} '{spec}': importing '{name}' failed: {first_line(e)}") from None
     except Exception as e:
         raise error(f"{what} '{spec}': importing '{name}' failed: "
@@ -47,7 +81,7 @@ def _import_module(spec: str, name: str, what: str, error: type[UserError]) -> A
 def _import_file(spec: str, target: str, what: str, error: type[UserError]) -> Any:
     path = Path(target).expanduser().resolve()
     if not path.is_file():
-        raise error(f"{what} '{spec}': no such file {target}")
+        raise error(_no_file(spec, target, what))
     # One module per file, whoever loads it (a file of reward functions and episodes imports once).
     name = f"aioareal_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:

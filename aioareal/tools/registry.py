@@ -13,13 +13,17 @@ from .toolbox import Tool, ToolBox, ToolThreads
 BUILTIN = {"calculator": calculate}
 
 
-def load_tools(names: list[str], functions: list[str], timeout_s: float) -> list[Tool]:
-    tools = []
+def check_tool_names(names: list[str]) -> None:
+    """Each of `tools.names` is a built-in tool."""
     for name in names:
         if name not in BUILTIN:
             raise ConfigError("tools.names", f"unknown tool {name!r} (built in: {', '.join(BUILTIN)}; your own go "
                                              "in tools.functions as 'path/to/file.py:function')")
-        tools.append(Tool(name, BUILTIN[name], timeout_s, inline=True))  # bounded by construction
+
+
+def load_tools(names: list[str], functions: list[str], timeout_s: float) -> list[Tool]:
+    check_tool_names(names)
+    tools = [Tool(name, BUILTIN[name], timeout_s, inline=True) for name in names]  # bounded by construction
     for spec in functions:
         fn = resolve_spec(spec, "tool")
         _check_signature(spec, fn)

@@ -1,0 +1,23 @@
+"""What a fresh run checks of its config before torch and transformers load (cli.py): that users'
+code named in it (reward functions, an episode, tools) can be found, and that built-in tools exist.
+Nothing here imports torch or runs the user's code; the run resolves each for real later, with the
+same messages. A typo then costs a second, not the ~7 s those imports take."""
+from __future__ import annotations
+
+from ..config import Config
+from ..tasks.reward_functions import RewardFunctionError
+from ..tools.registry import check_tool_names
+from ..usercode import check_spec
+
+
+def check_before_loading(config: Config) -> None:
+    for spec in config.reward.functions:
+        check_spec(spec, "reward function", RewardFunctionError)
+    episode = config.data.episode
+    if episode is None:
+        return  # tools are only built for episodes (run/rollout.py)
+    if ":" in episode:  # a built-in episode's name has none; load_episode reports a wrong one
+        check_spec(episode, "episode")
+    check_tool_names(config.tools.names)
+    for spec in config.tools.functions:
+        check_spec(spec, "tool")
