@@ -173,7 +173,8 @@ def test_drop_constant_groups_stops_a_run_that_can_never_fill_a_batch(tmp_path):
     from aioareal.run.recipe import train
 
     config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2",
-                                    "eval.every=0", "data.eval_size=8", "algo.drop_constant_groups=true"],
+                                    "eval.every=0", "data.eval_size=8", "algo.drop_constant_groups=true",
+                                    "algo.group_size=2", "generation.max_new_tokens=4"],  # 201 cheap groups
                          flags={"run.run_dir": str(tmp_path / "run")})
     with pytest.raises(UserError, match="drop_constant_groups rejected 201 groups in a row"):
         train(config, log=lambda *_: None, printer=lambda row: None)
