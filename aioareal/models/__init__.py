@@ -1,4 +1,17 @@
-"""Models and tokenizers: hub/local loading, the offline character tokenizer, named shapes."""
-from .load_policy import eos_token_ids, load_model, load_tokenizer, random_model, resolve_dtype
+"""Models and tokenizers: hub/local loading, the offline character tokenizer, named shapes.
+
+The loaders are re-exported lazily: importing a light module of this package (local_names, for a
+fresh run's checks before torch loads) does not import torch and transformers."""
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["eos_token_ids", "load_model", "load_tokenizer", "random_model", "resolve_dtype"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import load_policy
+
+        return getattr(load_policy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,6 +35,7 @@ from transformers import (
 from ..errors import UserError
 from .attention import ATTENTION
 from .gguf import cached_gguf, gguf_file
+from .local_names import check_local, is_local_name
 from .named import named_gguf
 from .shapes import SHAPES, shape_config
 from .tokenizer import build_char_tokenizer, vocab_size_padded
@@ -87,7 +88,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
     if name.startswith(RANDOM_PREFIX):
         return build_char_tokenizer()
     name = resolve_source(name)
-    _check_local(name)
+    check_local(name)
     try:
         loader = PreTrainedTokenizerFast if _saved_as_is(name) else AutoTokenizer
         tokenizer = loader.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -119,7 +120,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
     if name.startswith(RANDOM_PREFIX):
         return random_model(name[len(RANDOM_PREFIX):], dtype, device, seed)
     name = resolve_source(name)
-    _check_local(name)
+    check_local(name)
     if not allow_pickle:
         _refuse_pickle_only(name)
         _refuse_pickle_shards(name)
@@ -233,16 +234,6 @@ def _refuse_pickle_adapter(name: str) -> None:
     if pickles:
         raise UserError(f"model.name '{name}': {pickles[0]} is a PEFT adapter in pickle form, which transformers "
                         f"would load onto the model; {ALLOW_PICKLE_HINT}")
-
-
-def is_local_name(name: str) -> bool:
-    """Whether `name` is a path (relative, absolute, home or existing), not a hub name (owner/name)."""
-    return name.startswith((".", "/", "~")) or Path(name).exists() or name.count("/") > 1
-
-
-def _check_local(name: str) -> None:
-    if is_local_name(name) and not Path(name).expanduser().exists():
-        raise UserError(f"model.name '{name}': no such file or directory")
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,16 +1,21 @@
-"""What a fresh run checks of its config before torch and transformers load (cli.py): that users'
-code named in it (reward functions, an episode, tools) can be found, and that built-in tools exist.
+"""What a fresh run checks of its config before torch and transformers load (cli.py): that a model
+given as a local path is there, that users' code named in the config (reward functions, an episode,
+tools) can be found, and that built-in tools exist.
 Nothing here imports torch or runs the user's code; the run resolves each for real later, with the
 same messages. A typo then costs a second, not the ~7 s those imports take."""
 from __future__ import annotations
 
 from ..config import Config
+from ..models.local_names import check_local
 from ..tasks.reward_functions import RewardFunctionError
 from ..tools.registry import check_tool_names
 from ..usercode import check_spec
 
 
 def check_before_loading(config: Config) -> None:
+    name = config.model.name
+    if not name.endswith(".gguf"):  # a GGUF path has its own message (models/gguf.py), said when it loads
+        check_local(name)
     for spec in config.reward.functions:
         check_spec(spec, "reward function", RewardFunctionError)
     episode = config.data.episode

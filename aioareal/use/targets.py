@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..config import Config, load_config
 from ..errors import UserError
-from ..models.load_policy import is_local_name
+from ..models.local_names import is_local_name
 from ..run.build import model_path
 
 RUN_CONFIG = "config.yaml"

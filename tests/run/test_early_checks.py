@@ -32,6 +32,7 @@ def config(*overrides: str):
     (["reward.functions=nowhere_xyz.rewards:fn"], RewardFunctionError,
      "reward function 'nowhere_xyz.rewards:fn': no module named 'nowhere_xyz'"),
     (["reward.functions=just_a_name"], RewardFunctionError, "reward function 'just_a_name': expected"),
+    (["model.name=./no/such/model"], UserError, "model.name './no/such/model': no such file or directory"),
 ])
 def test_a_name_that_cannot_be_found_is_the_error_the_run_would_give(overrides, error, message):
     with pytest.raises(error) as e:
@@ -58,6 +59,18 @@ def test_names_that_exist_pass_without_running_the_users_code(tmp_path, monkeypa
                                 f"reward.functions={user}:r,user_pkg_xyz.mod:r", "reward.weights=1,1"))
     check_before_loading(config("data.episode=calculator"))  # a built-in episode
     check_before_loading(config("tools.names=calc"))  # tools are only built for episodes
+    for model in ("random:tiny", "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m-instruct", str(tmp_path)):
+        check_before_loading(config(f"model.name={model}"))  # a shape, a hub name, a named model, a directory
+
+
+def test_a_missing_local_model_is_the_loaders_own_error():
+    from aioareal.models import load_tokenizer
+
+    with pytest.raises(UserError) as early:
+        check_before_loading(config("model.name=./no/such/model"))
+    with pytest.raises(UserError) as late:
+        load_tokenizer("./no/such/model")
+    assert str(early.value) == str(late.value)
 
 
 def test_the_command_line_fails_before_torch_loads(tmp_path):
