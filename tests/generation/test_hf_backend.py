@@ -209,20 +209,23 @@ def test_episode_turns_pause_at_stop_strings_and_resume():
 
 
 # The default sync run (B=32, G=8, lr 1e-4) on the fallback: held-out from the warm start to the best
-# of steps 40 and 80, seed 0 0.315 -> 0.46, seed 1 0.33 -> 0.52, seed 2 0.33 -> 0.54 (run.seed; rises
-# 0.145-0.21 against the bound 0.1); the training reward 0.14 -> 0.3 (the engine's runs in
-# tests/run/test_learning.py move alike). About 5 minutes on a busy 2-core machine.
-LEARN_STEPS = 80
+# of the two later evaluations. AVX2 (steps 40 and 80): seed 0 0.315 -> 0.46, seed 1 0.33 -> 0.52,
+# seed 2 0.33 -> 0.54. An AMD AVX-512 machine, whose own warm start learns more slowly (the engine's
+# run too): at steps 40 and 80 only 0.34 -> 0.375, 0.39, 0.355, 0.40 (seeds 0-3); at steps 75 and 150
+# 0.34 -> 0.455 in seeds 0, 1 and 2 (rises 0.115 against the bound 0.1). The training reward rose
+# 0.11-0.14 over those 150 steps. About 30 s there, a minute on a slower 2-core machine.
+LEARN_STEPS = 150
 
 
 @pytest.mark.slow
 def test_the_fallback_learns_the_tiny_task(tmp_path, tiny_model_path):
-    config = load_config(overrides=[f"train.steps={LEARN_STEPS}", "eval.every=40", "generation.backend=hf"],
+    config = load_config(overrides=[f"train.steps={LEARN_STEPS}", f"eval.every={LEARN_STEPS // 2}",
+                                    "generation.backend=hf"],
                          flags={"run.run_dir": str(tmp_path / "hf")})
     run_dir = train(config, log=lambda *_: None, printer=lambda row: None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [r["eval_pass_rate"] for r in rows if r.get("eval_pass_rate") is not None]
-    assert len(curve) == 3 and 0.2 <= curve[0] <= 0.6  # the warm start, then steps 40 and 80
+    assert len(curve) == 3 and 0.2 <= curve[0] <= 0.6  # the warm start, then two evaluations
     assert max(curve[1:]) - curve[0] >= 0.1, curve
     reward = [r["reward_mean"] for r in rows[1:]]
     assert sum(reward[-20:]) / 20 - sum(reward[:20]) / 20 >= 0.05, reward
