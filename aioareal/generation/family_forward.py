@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from ..models.attention import short_attention
 from .families import logit_transform
-from .forward import _HAS_GQA, FastForward, KVCache, check_supported
+from .forward import _HAS_GQA, FastForward, KVCache, check_supported, matmul_attention_pays
 from .fusion import FusedLinear, fuse
 from .layer_plan import LayerPlan, is_plain, layer_plans
 from .prefix import PrefixLayout
@@ -92,6 +93,8 @@ class FamilyForward(FastForward):
     def _plan_attend(self, plan: LayerPlan, q, k, v, mask) -> torch.Tensor:
         """q (n, T, H, D), k/v (n, S, Hkv, D), mask (n, 1, T, S) bool -> (n, T, H*D)."""
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if matmul_attention_pays(q):  # SDPA's CPU kernel is slow in 16-bit; the soft cap applies too
+            return short_attention(q, k, v, mask, plan.scale, plan.softcap).flatten(2)
         if plan.softcap is None:
             gqa = {"enable_gqa": True} if _HAS_GQA and self.kv_heads != self.heads else {}
             if self.kv_heads != self.heads and not _HAS_GQA:
