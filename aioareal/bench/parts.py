@@ -36,23 +36,12 @@ class ForcedLengths:
 
     def __init__(self, worker: EngineWorker, draw: Callable[[random.Random], int], seed: int) -> None:
         self.worker, self.draw, self.rng = worker, draw, random.Random(seed)
-        self.finished = 0  # samples of the groups the engine has returned
 
     def submit(self, group: Group) -> None:
         group.forced_lengths = [self.draw(self.rng) for _ in range(group.size)]
         self.worker.submit(group)
 
-    async def step(self, adopt: bool) -> list[Group]:
-        groups = await self.worker.step(adopt)
-        self.finished += sum(g.size for g in groups)
-        return groups
-
-    @property
-    def started(self) -> int:
-        """Sequences prefilled so far (finished, or in a slot now): each sampled its first token there."""
-        return self.finished + self.worker.in_flight
-
-    def __getattr__(self, name: str) -> Any:  # version, tokens_generated, free_slots, busy, in_flight, step
+    def __getattr__(self, name: str) -> Any:  # version, decode_tokens, free_slots, busy, in_flight, step
         return getattr(self.worker, name)
 
 
@@ -69,8 +58,9 @@ class Timeline:
     # Seconds per named phase over the timed steps (the rows' `time_*`: the trainer's loss,
     # optimizer...; the generator's decode, prefill, recompute_kv, score): where a mode's time went.
     phases: dict[str, float] = field(default_factory=dict)
-    # (tokens sampled, sequences started) by the generator at each mark; the timed steps' groups.
-    counts: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+    # Tokens the generator's decode steps sampled by each mark (the scheduler's one counter: read
+    # here on the loop's thread while a generator step may be half done); the timed steps' groups.
+    counts: list[int] = field(default_factory=lambda: [0])
     trained: list[list[Group]] = field(default_factory=list)
 
     async def on_step(self, report: StepReport) -> None:
@@ -78,7 +68,7 @@ class Timeline:
             return
         busy, gen = self.orchestrator.busy, self.orchestrator.gen
         self.marks.append((report.step, report.row["time"], busy["gen"], busy["train"]))
-        self.counts.append((gen.tokens_generated, gen.started))
+        self.counts.append(gen.decode_tokens)
         if report.step > self.warmup:
             self.trained.append(report.groups)  # their positions are counted after the run (host work)
             self.lengths += [len(s.tokens) for g in report.groups for s in g.samples]
@@ -165,7 +155,6 @@ def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, 
 
 def summarise(t: Timeline, args: argparse.Namespace, trainer: Trainer) -> ModeResult:
     (_, t0, g0, r0), (_, t1, g1, r1) = t.marks[args.warmup_steps], t.marks[-1]
-    (tokens0, started0), (tokens1, started1) = t.counts[args.warmup_steps], t.counts[-1]
     wall = t1 - t0
     times = [m[1] for m in t.marks[args.warmup_steps:]]
     samples = args.steps * args.batch_groups * args.group_size
@@ -174,7 +163,7 @@ def summarise(t: Timeline, args: argparse.Namespace, trainer: Trainer) -> ModeRe
     return ModeResult(samples / wall, wall / args.steps, [b - a for a, b in zip(times, times[1:])],
                       max(0.0, 1 - (g1 - g0) / wall), max(0.0, 1 - (r1 - r0) / wall), t.lengths, t.staleness_max,
                       {name: seconds / args.steps for name, seconds in t.phases.items()},
-                      t.interrupted / samples, (tokens1 - tokens0 - (started1 - started0)) / args.steps,
+                      t.interrupted / samples, (t.counts[-1] - t.counts[args.warmup_steps]) / args.steps,
                       (computed / args.steps, head / args.steps), trainer.autocast_dtype or torch.float32,
                       FlopModel.of(trainer.model))
 

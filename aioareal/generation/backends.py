@@ -67,14 +67,14 @@ def startup_gap(backend: Backend, model: PreTrainedModel, prompt_ids: list[int])
     after `prompt_ids`. Leaves the backend's counters and timings as they were."""
     size = min(CHECK_SAMPLES, backend.num_slots)
     length = min(CHECK_TOKENS, backend.params.max_new_tokens, backend.max_len - len(prompt_ids))
-    before = backend.sched.tokens_generated
+    before = backend.sched.tokens_generated, backend.sched.decode_tokens
     group = Group(-1, list(prompt_ids), size, forced_lengths=[length] * size)
     backend.submit(group)
     while backend.busy:
         backend.step()
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)  # once, at start-up: the backend's stream is done
-    backend.sched.tokens_generated = before
+    backend.sched.tokens_generated, backend.sched.decode_tokens = before
     backend.timer.take()
     temperature = backend.params.temperature
     gaps = []

@@ -35,6 +35,10 @@ class QueueFront:
         return self.sched.tokens_generated
 
     @property
+    def decode_tokens(self) -> int:
+        return self.sched.decode_tokens
+
+    @property
     def busy(self) -> bool:
         """Work left (a step in flight with no running sequence holds only extra tokens: dropped unread)."""
         return bool(self.waiting or self.running)

@@ -28,6 +28,9 @@ class Scheduler:
         self.max_len, self.max_new_tokens = max_len, max_new_tokens
         self.max_pos = 0  # the furthest position the next decode writes at, over running sequences
         self.tokens_generated = 0  # total sampled tokens, for throughput
+        # Of those, the ones decode steps sampled (not prefill's first tokens): one counter, so a
+        # reader on another thread never sees a step's admissions before its tokens (bench e2e).
+        self.decode_tokens = 0
         self.turns = TurnEnds()  # episodes' sequences whose turn ended, for Engine.take_turns
         self.paused: list[int] = []  # slots a stop string ended in the last bookkeeping: the device must clear them
 
@@ -88,11 +91,12 @@ class Scheduler:
             self._append(r, tokens[i], logprobs[i], version, finished)
         max_pos = 0
         if output.decoded:
-            offset = len(output.admitted)
+            offset, before = len(output.admitted), self.tokens_generated
             for r in output.running:
                 if not r.done:
                     pos = self._append(r, tokens[offset + r.slot], logprobs[offset + r.slot], version, finished)
                     max_pos = pos if pos > max_pos else max_pos
+            self.decode_tokens += self.tokens_generated - before
         if in_flight is not None:
             # The next launch decodes one position further than the step in flight, which also
             # decodes the sequences it admitted (at prompt_len; the next launch at prompt_len + 1).

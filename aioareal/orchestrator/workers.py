@@ -75,6 +75,10 @@ class EngineWorker:
     def tokens_generated(self) -> int:
         return self.engine.tokens_generated
 
+    @property
+    def decode_tokens(self) -> int:
+        return self.engine.decode_tokens
+
     def submit(self, group: Group) -> None:
         self.engine.submit(group)
 

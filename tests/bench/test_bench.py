@@ -200,6 +200,8 @@ def test_e2e_runs_every_mode(capsys, tmp_path):
         assert r[f"{mode}_staleness_max"] <= k
         # Where the time went, per timed step: the trainer's forward and backward took part of it.
         assert r[f"{mode}_time_loss_s"] < r[f"{mode}_s_per_step"]
+    # Sync decodes each step's own batch between its marks: every token but each sequence's first.
+    assert r["sync_decode_tokens_per_step"] == (sum(draws[4:]) - len(draws[4:])) / 2
     # Sync and one-step adopt weights only between batches, so no sample spans two versions.
     assert r["sync_interrupted"] == r["one_step_interrupted"] == 0 and r["sync_staleness_max"] == 0
     # Sync generates every batch in its own step (async may have generated all ahead, in warm-up).

@@ -108,3 +108,16 @@ def test_live_decode_pays_on_short_contexts_or_when_half_the_slots_are_done():
     assert not live_decode_pays(8, 8, 1)  # nothing finished
     assert live_decode_pays(7, 8, SHORT_SPAN)  # short contexts: gathering their cache rows is cheap
     assert not live_decode_pays(5, 8, SHORT_SPAN + 1) and live_decode_pays(4, 8, 1000)
+
+
+def test_decode_tokens_count_every_token_but_the_first_of_each_sequence():
+    # The counter bench e2e reads from the loop's thread mid-step: decode steps' tokens only, so
+    # it never lags a step's admissions (the two-counter difference it replaced went negative).
+    engine = Engine(tiny(scale=6.0), [1], EngineOptions(5, 40, SamplingParams(max_new_tokens=9), seed=0))
+    seen = []
+    results = generate(engine, random_groups([3, 2, 4]),
+                       lambda e, _: seen.append((e.tokens_generated, e.decode_tokens)))
+    lengths = [len(c.tokens) for r in results for c in r.completions]
+    assert len(set(lengths)) > 1  # EOS ends some early, so the count is not a product of sizes
+    assert engine.decode_tokens == sum(lengths) - len(lengths) and engine.tokens_generated == sum(lengths)
+    assert all(a[1] <= b[1] for a, b in zip(seen, seen[1:]))
