@@ -39,6 +39,16 @@ def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = Non
     return torch.device("cuda", 1 if role == "train" and torch.cuda.device_count() > 1 else 0)
 
 
+def one_cpu_team(devices: list[torch.device], overlapping: bool) -> bool:
+    """Whether the generator and the trainer should run their torch ops on one shared thread, the
+    process's only OpenMP team (docs/architecture.md#threads-on-the-cpu): both on the CPU and
+    taking turns (sync mode). torch's GNU OpenMP gives every thread that runs a parallel op a team of
+    its own; with more of them than cores it puts idle workers to sleep at once, and every small op
+    then waits for a wake-up (an RMSNorm of a decode step: 294 us on the generator's thread of a run
+    against 22 us with one team; docs/log/2026-11-avx512-cpu.md)."""
+    return not overlapping and all(d.type == "cpu" for d in devices)
+
+
 def cpu_threads(devices: list[torch.device], setting: int, overlapping: bool) -> int | None:
     """Intra-op threads for this process (run.cpu_threads), or None to leave torch's choice.
 

@@ -3,7 +3,9 @@
 Each side runs its torch calls on one dedicated thread. On the GPU that keeps kernel launches and
 the one host sync per decode step off the event loop; on the CPU, where torch ops run
 synchronously, it is what lets generation and training overlap at all (torch releases the GIL
-inside its kernels). The event loop itself only does bookkeeping.
+inside its kernels). In sync mode on the CPU, where they take turns, both sides share one thread
+instead: one OpenMP team in the process (docs/architecture.md#threads-on-the-cpu). The event
+loop itself only does bookkeeping.
 """
 from __future__ import annotations
 
@@ -51,20 +53,24 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> A
     return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
 
-def _thread_for(device: torch.device, name: str) -> ThreadPoolExecutor:
+def thread_for(device: torch.device, name: str, cpu_threads: int | None = None) -> ThreadPoolExecutor:
     """One worker thread whose current CUDA device is `device`: the current device is per thread,
     and code that takes the current stream or device (NCCL, FSDP2, graph capture) must find this
-    side's GPU, not GPU 0, when a torchrun rank's cell sits on other GPUs."""
+    side's GPU, not GPU 0, when a torchrun rank's cell sits on other GPUs. On the CPU,
+    `cpu_threads` sets the width of the thread's own intra-op team (torch's threads are per
+    thread: one that leads no team elsewhere, docs/architecture.md#threads-on-the-cpu)."""
     def pin() -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        elif cpu_threads:
+            torch.set_num_threads(cpu_threads)
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=pin)
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, sync: WeightSync) -> None:
+    def __init__(self, engine: Engine, sync: WeightSync, pool: ThreadPoolExecutor | None = None) -> None:
         self.engine, self.sync = engine, sync
-        self.pool = _thread_for(engine.device, "generator")
+        self.pool = pool or thread_for(engine.device, "generator")  # `pool`: a thread shared with the trainer
         self.phase_seconds: dict[str, float] = {}  # updated on the event loop's thread only
 
     @property
@@ -122,9 +128,10 @@ class EngineWorker:
 
 
 class TrainerWorker:
-    def __init__(self, trainer: Trainer, sync: WeightSync, evaluate: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, trainer: Trainer, sync: WeightSync, evaluate: Callable[[], dict[str, float]],
+                 pool: ThreadPoolExecutor | None = None) -> None:
         self.trainer, self.sync, self._evaluate = trainer, sync, evaluate
-        self.pool = _thread_for(trainer.device, "trainer")
+        self.pool = pool or thread_for(trainer.device, "trainer")
         self.version = trainer.version  # published version: what admission and staleness count
 
     async def train(self, groups: list[Group]) -> dict[str, float]:

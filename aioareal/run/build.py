@@ -20,6 +20,7 @@ from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..models import load_model, lora, resolve_dtype
 from ..orchestrator import EngineWorker, TrainerWorker
+from ..orchestrator.workers import thread_for
 from ..rewards.service import RewardService
 from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
 from ..tasks.base import Example
@@ -252,13 +253,16 @@ def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = ke
 
 
 def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
-                  evaluate: Callable[[], dict[str, float]]) -> tuple[EngineWorker, TrainerWorker]:
+                  evaluate: Callable[[], dict[str, float]],
+                  one_thread: int | None = None) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
-    them after a resume restored the trainer: they start at its version."""
+    them after a resume restored the trainer: they start at its version. `one_thread`: both sides
+    on one CPU thread with a team of that many intra-op threads (devices.one_cpu_team)."""
     # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/merged_lora.py).
     sync = (LoraSync if lora.is_lora(trainer.model) else WeightSync)(trainer.model, gen_model)
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
-    return EngineWorker(engine, sync), TrainerWorker(trainer, sync, evaluate)
+    pool = thread_for(torch.device("cpu"), "torch", one_thread) if one_thread else None
+    return EngineWorker(engine, sync, pool), TrainerWorker(trainer, sync, evaluate, pool)
 
 
 def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,

@@ -9,6 +9,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from .. import checkpoint
 from ..checkpoint import RunState
 from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
-from ..devices import cpu_threads, fix_mmap_threshold, threads_restored
+from ..devices import cpu_threads, fix_mmap_threshold, one_cpu_team, threads_restored
 from ..errors import RunStopped, UserError
 from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
@@ -73,6 +74,26 @@ class Parts:
         return self.resume.step if self.resume else 0
 
 
+def start_model(config: Config, devices: list[torch.device], log: Callable[[str], None]) -> tuple[Path, int | None]:
+    """The model to start from (`model_path`) and this thread's torch width; with the width of the
+    run's one CPU team when it has one (devices.one_cpu_team, sync on the CPU). Then the heavy
+    setup (a warm-start, a GGUF conversion) runs at full width on a thread that exits after it,
+    taking its team along; the rest of the setup runs on this thread at width 1, and the generator
+    and trainer share one worker thread."""
+    overlapping = config.rollout.mode != "sync"
+    threads = cpu_threads(devices, config.run.cpu_threads, overlapping)
+    if not one_cpu_team(devices, overlapping):
+        start = model_path(config, log)
+        if threads:
+            torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
+        return start, None
+    team = threads or torch.get_num_threads()
+    with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(team,)) as passing:
+        start = passing.submit(model_path, config, log).result()
+    torch.set_num_threads(1)
+    return start, team
+
+
 def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] = print,
           resume_from: Path | None = None) -> Parts:
     """Build every part of a run from its config (this cell's: `cell.config`); `resume_from` is a
@@ -83,12 +104,9 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     gen_device = cell.device(config.rollout.gen_device, "gen", config)
     train_device = cell.device(config.rollout.train_device, "train", config)
     data = build_data(config, log)  # data errors surface before any model loads
-    start = model_path(config, log)
+    start, team = start_model(config, [gen_device, train_device], log)
     if config.run.mmap_threshold_mb and "cpu" in (gen_device.type, train_device.type):
         fix_mmap_threshold(config.run.mmap_threshold_mb)  # before the models: their tensors follow it
-    threads = cpu_threads([gen_device, train_device], config.run.cpu_threads, config.rollout.mode != "sync")
-    if threads:
-        torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
     tokenizer = load_tokenizer(start, config.model.trust_remote_code)
     prompts = build_prompts(config, data, tokenizer, log)
     kind = rollout_kind(config, tokenizer, prompts.chat, cell.world.size, log)  # single completions or episodes
@@ -104,7 +122,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     kept = KeptCompletions()
     evaluator = kind.evaluator(EvalInputs(cell, config, trainer, prompts.eval_set, data.task, decode, eos, kept))
     state = cell.restore(resume_from, trainer, engine, config) if resume_from else None
-    engine_worker, trainer_worker = build_workers(engine, trainer, models.gen, evaluator)
+    engine_worker, trainer_worker = build_workers(engine, trainer, models.gen, evaluator, one_thread=team)
     rewards = build_rewards(config, data.task, decode)
     rollout = kind.rollout(engine_worker, rewards, evaluator)
     source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],

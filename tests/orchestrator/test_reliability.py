@@ -21,6 +21,7 @@ from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.rewards.service import RewardService
+from aioareal.run.events import DUPLICATE_S
 from aioareal.run.recipe import train
 from aioareal.tasks.base import Example
 
@@ -204,20 +205,25 @@ def test_a_run_goes_on_through_failing_rewards(tmp_path, monkeypatch):
 
 def test_second_ctrl_c_exits_at_once(tmp_path, tiny_model_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # Big batches make each step take seconds, so the second Ctrl-C lands inside the step the
-    # first one asked to finish.
+    # Big batches make each step take a while (0.8 s on a fast 2-core machine, seconds on others),
+    # and the second Ctrl-C follows the first one's notice by just over events.DUPLICATE_S (a
+    # sooner one counts as the same signal delivered twice), so it lands inside the step the first
+    # one asked to finish.
     proc = subprocess.Popen([sys.executable, "-m", "aioareal", "--steps", "400", "--no-dashboard", "--run-dir",
-                             str(tmp_path / "run"), "algo.batch_groups=128"], stdout=subprocess.PIPE,
+                             str(tmp_path / "run"), "algo.batch_groups=256"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stdout:
         if line.split("/")[0].split() == ["step", "1"]:  # "step   1/400 | ..."
             break
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
+    for line in proc.stderr:  # the first Ctrl-C was seen: the run is finishing its step
+        if "finishing the current step" in line:
+            break
+    time.sleep(DUPLICATE_S + 0.05)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130  # a hang guard, not a speed bound
     err = proc.stderr.read()
-    assert "finishing the current step" in err and "exiting now" in err
+    assert "exiting now" in err
     # At once: the step the first Ctrl-C asked to finish never reached the metrics.
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in rows) == 1, [r["step"] for r in rows]
