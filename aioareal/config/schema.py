@@ -206,7 +206,7 @@ class TrainConfig:
         "dtype of AdamW's two moments: bfloat16 halves the optimizer state, stochastically rounded (one process; "
         "docs/log/2026-11-memory.md)", "float32")
     max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
-                                 "it; 0 = 0.05 when both compute in fp32, else 1.0 (none with recompute_kv=false)", 0.0)
+                                 "it; 0 = 0.05 when both compute in fp32, else 2.0 (none with recompute_kv=false)", 0.0)
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")

@@ -247,7 +247,10 @@ def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = ke
                       loss_constant=config.generation.max_new_tokens, policy=policy, collective=collective)
     fp32 = models.gen.get_input_embeddings().weight.dtype == torch.float32 and trainer.autocast_dtype is None
     # A kept stale KV cache (generation.recompute_kv=false) is a gap the user chose: no default bound then.
-    default = (0.05 if fp32 else 1.0) if config.generation.recompute_kv else math.inf
+    # bf16's tail: over 45 steps of SmolLM2's sums config (~3,000 tokens each) the per-step max gap
+    # was 0.30-0.89 nats and once 1.28 (mean 0.036-0.041), so 1.0 stopped sound runs at random
+    # (docs/log/2026-11-avx512-cpu.md); a wrong forward errs by nats on many tokens, far above 2.
+    default = (0.05 if fp32 else 2.0) if config.generation.recompute_kv else math.inf
     trainer.max_logprob_gap = config.train.max_logprob_gap or default
     return trainer
 
