@@ -35,6 +35,7 @@ from ..group import Group
 from ..timing import PhaseTimer
 from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
 from .family_forward import build_forward
+from .forward import KVCache
 from .graphs import DecodeGraphs, can_use_own_generator
 from .inflight import StepOutput, to_host
 from .liveness import SlotLimits
@@ -60,7 +61,7 @@ class Engine(QueueFront):
         self.recompute_kv = o.recompute_kv
         self.overlap = resolve_overlap(o.overlap, self.device)
         self.fwd = build_forward(model, max_len, fuse=o.fuse, compiled=o.compile)
-        self.cache = self.fwd.new_cache(num_slots)
+        self.cache: KVCache | None = self.fwd.new_cache(num_slots)
         # Compiled with symbolic batch and span, so the graph ladder's shapes share one compilation.
         self.decode_fn = torch.compile(self.fwd.decode, dynamic=True) if o.compile else self.fwd.decode
         graphs = o.cuda_graphs and self.device.type == "cuda"
@@ -105,8 +106,12 @@ class Engine(QueueFront):
 
     def idle(self) -> None:
         """Nothing left to decode: let go of what only decoding needs (the packed weights, packed.py;
-        made again at the next step, as after every new version)."""
+        made again at the next step, as after every new version), and without CUDA graphs (which
+        hold its addresses) the KV cache too: in sync mode the trainer's step runs between two
+        batches, and the cache's memory is then its to use (docs/log/2026-11-avx512-cpu.md)."""
         self.fwd.linear.drop()
+        if self.graphs is None and not self.running:
+            self.cache = None
 
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -118,6 +123,8 @@ class Engine(QueueFront):
             return []
         timer = self.timer
         finished: list[Group] = []
+        if self.cache is None:  # let go of by `idle`
+            self.cache = self.fwd.new_cache(self.num_slots)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             if self.stale_cache:
                 if self.pending is not None:  # the recompute needs the in-flight step's tokens

@@ -262,7 +262,11 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
     them after a resume restored the trainer: they start at its version. `one_thread`: both sides
     on one CPU thread with a team of that many intra-op threads (devices.one_cpu_team)."""
     # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/merged_lora.py).
-    sync = (LoraSync if lora.is_lora(trainer.model) else WeightSync)(trainer.model, gen_model)
+    # One thread in sync mode: the generator is idle whenever the trainer publishes, so no staging copy.
+    if lora.is_lora(trainer.model):
+        sync: WeightSync = LoraSync(trainer.model, gen_model)
+    else:
+        sync = WeightSync(trainer.model, gen_model, staged=one_thread is None)
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
     pool = thread_for(torch.device("cpu"), "torch", one_thread) if one_thread else None
     return EngineWorker(engine, sync, pool), TrainerWorker(trainer, sync, evaluate, pool)

@@ -11,6 +11,12 @@ one-step mode that is a whole batch away), and the generator must never see half
 gives both: a version is all parameters or none, and each side moves at its own pace. The cost is
 one extra copy of the generator's weights in its dtype, and a same-device copy when adopting.
 
+Unstaged (`staged=False`): where the two sides run on one thread and in sync mode (run/build.py),
+the generator is idle with nothing in flight whenever the trainer publishes, and it adopts before
+its next step, so `publish` writes the live parameters directly and `apply` only moves the
+version. The staging copy (0.27 GB for a 135M bf16 generator) then never exists: it would be
+resident through every training step's peak (docs/log/2026-11-avx512-cpu.md).
+
 On the CPU the copies are synchronous and streams are no-ops; a lock orders the two threads.
 
 Under torchrun the trainer's parameters are FSDP2 shards (DTensors): `publish` gathers each one
@@ -36,20 +42,24 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 
 class WeightSync:
-    def __init__(self, trainer_model: nn.Module, generator_model: nn.Module) -> None:
+    def __init__(self, trainer_model: nn.Module, generator_model: nn.Module, staged: bool = True) -> None:
         src = dict(trainer_model.named_parameters())
         dst = dict(generator_model.named_parameters())
         if src.keys() != dst.keys():
             missing = sorted(src.keys() ^ dst.keys())[:3]
             raise ValueError(f"trainer and generator models differ in parameters: {missing}")
         self.src = [src[n] for n in src]
-        self._buffers([dst[n] for n in src], self.src[0].device)
+        self._buffers([dst[n] for n in src], self.src[0].device, staged)
 
-    def _buffers(self, dst: list[torch.Tensor], train_device: torch.device) -> None:
-        """The generator's tensors to write, one staging buffer each, the stream and the versions."""
+    def _buffers(self, dst: list[torch.Tensor], train_device: torch.device, staged: bool = True) -> None:
+        """The generator's tensors to write, one staging buffer each (or the tensors themselves,
+        unstaged), the stream and the versions."""
         self.dst = dst
-        self.staging = [torch.empty_like(p, device=p.device) for p in self.dst]
+        self.staged = staged
+        self.staging = [torch.empty_like(p, device=p.device) for p in self.dst] if staged else list(dst)
         self.gen_device = self.dst[0].device
+        if not staged and self.gen_device.type != "cpu":
+            raise ValueError("an unstaged weight sync is for a CPU generator: a device copy is asynchronous")
         self.train_device = train_device
         self.copy_stream = _stream(self.gen_device)
         self.sharded = any(isinstance(p, DTensor) for p in self.src)
@@ -130,6 +140,8 @@ class WeightSync:
 
     def _copy_out(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
         """Staging -> the generator's tensors, in place; on CUDA on `stream`, once staging has landed."""
+        if not self.staged:  # publish wrote the live tensors
+            return None
         if stream is None or self.gen_device.type != "cuda":
             for d, s in zip(self.dst, self.staging):
                 d.copy_(s)

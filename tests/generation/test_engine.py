@@ -121,3 +121,29 @@ def test_decode_tokens_count_every_token_but_the_first_of_each_sequence():
     assert len(set(lengths)) > 1  # EOS ends some early, so the count is not a product of sizes
     assert engine.decode_tokens == sum(lengths) - len(lengths) and engine.tokens_generated == sum(lengths)
     assert all(a[1] <= b[1] for a, b in zip(seen, seen[1:]))
+
+
+def test_an_idle_engine_lets_its_kv_cache_go_and_samples_as_one_that_keeps_it():
+    """`idle` frees the cache (sync mode's training step gets its memory); the next batch makes a new
+    one and draws what an engine that kept its cache draws."""
+    def two_batches(release: bool) -> tuple[list, bool]:
+        engine = Engine(tiny(), [1], EngineOptions(8, 40, SamplingParams(max_new_tokens=6), seed=5))
+        first = generate(engine, random_groups([2] * 4))
+        if release:
+            engine.idle()
+        freed = engine.cache is None
+        second = generate(engine, random_groups([2] * 4, seed=1))
+        assert engine.cache is not None
+        return [c.tokens for r in first + second for c in r.completions], freed
+    kept, kept_freed = two_batches(False)
+    released, released_freed = two_batches(True)
+    assert released_freed and not kept_freed
+    assert released == kept
+
+
+def test_an_engine_with_sequences_in_flight_keeps_its_kv_cache():
+    engine = Engine(tiny(), [1], EngineOptions(4, 40, SamplingParams(max_new_tokens=6), seed=0))
+    engine.submit(Group(0, [3, 4, 5], 2, forced_lengths=[6, 6]))
+    engine.step()
+    engine.idle()
+    assert engine.cache is not None and engine.running
