@@ -26,6 +26,7 @@ from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
 from ..tasks.base import Example
 from ..trainer import Trainer
 from ..trainer.compiled import compile_layers
+from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs
 from ..weightsync.full import WeightSync
 from ..weightsync.merged_lora import LoraSync
@@ -238,6 +239,8 @@ def keep_whole(policy: torch.nn.Module, model: PreTrainedModel, compute_dtype: t
 def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = keep_whole) -> Trainer:
     """`shard` places the trainer's model before the optimizer is built on it (under torchrun: FSDP2
     over the ranks, and global normalisers and statistics)."""
+    if config.train.lean_activations:  # before sharding: the probe runs the whole modules
+        make_lean(models.train)
     policy = TokenLogprobs(models.train)
     collective = shard(policy, models.train, models.compute_dtype)
     if config.train.compile:  # after sharding: FSDP2's hooks stay eager around each compiled layer
