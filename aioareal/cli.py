@@ -51,13 +51,15 @@ def load(args: argparse.Namespace):
     return load_config(args.config, args.overrides, flags_of(args))
 
 
-def cmd_train(argv: list[str]) -> int:
+def cmd_train(argv: list[str], restart: bool = False) -> int:
     args = train_parser().parse_intermixed_args(argv)
-    return guarded(args.debug, lambda: _train(args))
+    return guarded(args.debug, lambda: _train(args, restart))
 
 
-def _train(args: argparse.Namespace) -> int:
-    """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out")."""
+def _train(args: argparse.Namespace, restart: bool = False) -> int:
+    """Train or resume; under torchrun inside the job's session (one cell per rank, README "Scaling out").
+    `restart`: this is `python -m aioareal` itself, which may start again with run.allocator's
+    malloc (allocator.py) once the config is known and before any model loads."""
     # A fresh run's config is read first: a bad flag or file fails in a second, before torch loads.
     fresh = load(args) if args.resume is None else None
     if fresh is not None:
@@ -73,6 +75,12 @@ def _train(args: argparse.Namespace) -> int:
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
     config = resume_config(target, args.overrides, flags, args.force) if target else fresh or load(args)
+    if restart:
+        from .allocator import in_use, reexec
+
+        reexec(config.run.allocator)  # returns in the process that trains
+        if os.environ.get("RANK", "0") == "0":
+            print(f"allocator: {in_use()} (run.allocator={config.run.allocator})")
     if not target:
         profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from
@@ -233,7 +241,8 @@ def version() -> str:
         return f"aioareal {__version__}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, restart: bool = False) -> int:
+    """`restart`: called as `python -m aioareal`, which may start itself again (allocator.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     table = commands()
     if argv[:1] == ["--version"]:
@@ -248,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        return table[argv[0]](argv[1:]) if argv and argv[0] in table else cmd_train(argv)
+        if argv and argv[0] in table:
+            return table[argv[0]](argv[1:]) if argv[0] != "train" else cmd_train(argv[1:], restart)
+        return cmd_train(argv, restart)
     except BrokenPipeError:  # `python -m aioareal ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

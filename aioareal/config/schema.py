@@ -243,6 +243,9 @@ class RunConfig:
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
     cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
+    allocator: Literal["auto", "system", "tcmalloc", "jemalloc"] = doc(
+        "C allocator of the CPU tensors: `python -m aioareal` restarts itself with it in LD_PRELOAD; auto = "
+        "tcmalloc, else jemalloc, where installed, else glibc's (system); docs/performance.md", "auto")
     mmap_threshold_mb: int = doc("CPU, glibc: allocations of at least this many MiB get pages of their own, returned "
                                  "to the OS when freed (lower peak RSS, a slower step); process-wide from the run's "
                                  "start on; 0 = glibc's adaptive default (docs/log/2026-11-memory.md)", 0)

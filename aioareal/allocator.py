@@ -1,0 +1,108 @@
+"""Which C allocator serves the process's CPU tensors (run.allocator).
+
+torch allocates every CPU tensor with malloc. glibc's malloc serves a block of up to 32 MiB from
+heaps it rarely shrinks once its adaptive mmap threshold has risen, and each new block above it
+from fresh pages, faulted in one by one: a training step's activations (tens of MiB per layer,
+freed and made again every micro-batch) both fragment the heaps and pay the faults. tcmalloc and
+jemalloc keep freed blocks in size-classed caches and reuse them. On SmolLM2's sums config on
+a 2-core AVX-512 machine tcmalloc made the loss phase about a quarter faster and, with the
+config's memory levers, the peak 4.1 instead of 4.7 GiB (docs/log/2026-11-avx512-cpu.md);
+jemalloc did nearly as well; Intel's tbbmalloc (a pip wheel) held more than glibc.
+
+An allocator has to be in the process before anything allocates, so `python -m aioareal` starts
+itself again with it in LD_PRELOAD (`reexec`), once, before any model loads. `auto` takes
+tcmalloc, else jemalloc, where the system has one (`apt install libtcmalloc-minimal4` or
+`libjemalloc2`), and glibc otherwise; naming one that is not installed is an error.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import os
+import sys
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import NoReturn
+
+from .errors import UserError
+
+# The shared-library names each allocator goes by (ctypes.util.find_library's spelling), best first.
+LIBRARIES = {"tcmalloc": ("tcmalloc_minimal", "tcmalloc"), "jemalloc": ("jemalloc",)}
+PACKAGES = {"tcmalloc": "libtcmalloc-minimal4 (Debian/Ubuntu), gperftools-libs (Fedora)",
+            "jemalloc": "libjemalloc2 (Debian/Ubuntu), jemalloc (Fedora)"}
+MARK = "AIOAREAL_ALLOCATOR"  # set in the restarted process: which allocator it runs with
+BEFORE = "AIOAREAL_LD_PRELOAD_BEFORE"  # the LD_PRELOAD the user had, given back to child processes
+
+
+def library(name: str, find: Callable[[str], str | None] = ctypes.util.find_library) -> str | None:
+    """The soname of allocator `name` on this system (what LD_PRELOAD takes), or None."""
+    for lib in LIBRARIES[name]:
+        found = find(lib)
+        if found:
+            return found
+    return None
+
+
+def choose(setting: str, find: Callable[[str], str | None] = ctypes.util.find_library) -> tuple[str, str | None]:
+    """(the allocator run.allocator asks for, its soname or None for glibc's malloc)."""
+    if setting == "system":
+        return "system", None
+    if setting == "auto":
+        for name in LIBRARIES:
+            found = library(name, find)
+            if found:
+                return name, found
+        return "system", None
+    found = library(setting, find)
+    if found is None:
+        raise UserError(f"run.allocator={setting}, but this system has no {setting} library; install "
+                        f"{PACKAGES[setting]}, or set run.allocator=auto or system")
+    return setting, found
+
+
+def restart_env(env: Mapping[str, str], name: str, soname: str) -> dict[str, str]:
+    """The environment of the restarted process: `soname` first in LD_PRELOAD, and the marks."""
+    out = dict(env)
+    out[BEFORE] = env.get("LD_PRELOAD", "")
+    out["LD_PRELOAD"] = " ".join(p for p in (soname, out[BEFORE]) if p)
+    out[MARK] = name
+    return out
+
+
+def settle(env: MutableMapping[str, str]) -> None:
+    """In the restarted process: LD_PRELOAD back to the user's, so that child processes (reward
+    workers under their memory cap) start with glibc's malloc as they would have. The loader has
+    read LD_PRELOAD already: this process keeps its allocator."""
+    if BEFORE in env:
+        before = env.pop(BEFORE)
+        if before:
+            env["LD_PRELOAD"] = before
+        else:
+            env.pop("LD_PRELOAD", None)
+
+
+def needs_restart(env: Mapping[str, str]) -> bool:
+    """Whether this process has not yet been restarted with its allocator (nor been told to keep one)."""
+    return MARK not in env
+
+
+def reexec(setting: str) -> None:
+    """Start `python -m aioareal` again, same arguments, with the allocator `setting` picks, unless
+    this process already is that restart or glibc is what it picks. Returns only when it keeps going."""
+    if not needs_restart(os.environ):
+        settle(os.environ)
+        return
+    name, soname = choose(setting)
+    if soname is None:
+        os.environ[MARK] = name
+        return
+    _exec(restart_env(os.environ, name, soname))
+
+
+def _exec(env: dict[str, str]) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def in_use() -> str:
+    """The allocator this process runs with, as the restart marked it ('system' when not restarted)."""
+    return os.environ.get(MARK, "system")
