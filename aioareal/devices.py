@@ -6,11 +6,15 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 from .errors import UserError
+
+T = TypeVar("T")
 
 
 def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = None) -> torch.device:
@@ -65,6 +69,32 @@ def cpu_threads(devices: list[torch.device], setting: int, overlapping: bool) ->
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // on_cpu)
+
+
+def on_passing_thread(fn: Callable[[], T], width: int) -> T:
+    """fn() on a thread of its own at `width` intra-op threads; the thread exits after it and takes
+    its OpenMP team along, so the calling thread never leads one (docs/architecture.md#threads-on-
+    the-cpu: heavy setup at full width, then one team for the run's torch work)."""
+    with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(width,)) as passing:
+        return passing.submit(fn).result()
+
+
+def with_run_threads(work: Callable[[int | None], T], devices: list[torch.device], overlapping: bool,
+                     setting: int = 0) -> T:
+    """`work(one_thread)` under the threads a run takes (docs/architecture.md#threads-on-the-cpu): on
+    the CPU with sides taking turns, one team for both (`one_thread`, its width), `work` on a
+    passing thread at that width, and the calling thread at width 1 afterwards; otherwise
+    `work(None)` here, the cores split between overlapping sides (`cpu_threads`, `setting` being
+    run.cpu_threads). The caller restores the width when it is done (`threads_restored`)."""
+    threads = cpu_threads(devices, setting, overlapping)
+    if not one_cpu_team(devices, overlapping):
+        if threads:
+            torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
+        return work(None)
+    team = threads or torch.get_num_threads()
+    result = on_passing_thread(lambda: work(team), team)
+    torch.set_num_threads(1)
+    return result
 
 
 @contextlib.contextmanager

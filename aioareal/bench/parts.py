@@ -14,6 +14,7 @@ import torch
 
 from ..checkpoint import RunState
 from ..config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunConfig, TrainConfig
+from ..devices import threads_restored, with_run_threads
 from ..group import Group
 from ..orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompt_stream import PromptSource
@@ -109,7 +110,7 @@ def e2e_config(args: argparse.Namespace, mode: str, k: int, steps: int) -> Confi
 
 
 def build(args: argparse.Namespace, config: Config, device: torch.device, dtype: torch.dtype,
-          draw: Callable[[random.Random], int]) -> tuple[ForcedLengths, TrainerWorker]:
+          draw: Callable[[random.Random], int], one_thread: int | None = None) -> tuple[ForcedLengths, TrainerWorker]:
     gen_model = build_model(args.model, dtype, device, args.seed)
     train_model = build_model(args.model, torch.float32, device, args.seed)  # same seed: same weights
     max_len = context_length(gen_model, args.prompt_len, config.generation.max_new_tokens,
@@ -119,7 +120,7 @@ def build(args: argparse.Namespace, config: Config, device: torch.device, dtype:
     trainer = build_trainer(config, models, train_model.config.pad_token_id or 0)
     # A bench forces lengths past EOS on random weights: it reports the gap, it is no run to stop.
     trainer.max_logprob_gap = math.inf
-    generator, trainer_worker = build_workers(engine, trainer, gen_model, lambda: {})
+    generator, trainer_worker = build_workers(engine, trainer, gen_model, lambda: {}, one_thread=one_thread)
     return ForcedLengths(generator, draw, args.seed), trainer_worker
 
 
@@ -133,7 +134,14 @@ def synthetic_prompts(length: int, vocab: int, seed: int) -> PromptSource:
 def run_mode(args: argparse.Namespace, mode: str, k: int, device: torch.device, dtype: torch.dtype,
              draw: Callable[[random.Random], int]) -> ModeResult:
     config = e2e_config(args, mode, k, args.warmup_steps + args.steps)
-    gen, train = build(args, config, device, dtype, draw)
+    with threads_restored():
+        gen, train = with_run_threads(lambda team: build(args, config, device, dtype, draw, team),
+                                      [device, device], overlapping=mode != "sync")
+        return _run(args, config, mode, k, gen, train)
+
+
+def _run(args: argparse.Namespace, config: Config, mode: str, k: int, gen: ForcedLengths,
+         train: TrainerWorker) -> ModeResult:
     rewards = random.Random(args.seed + 1)
 
     async def score(group: Group) -> tuple[list[float], int]:

@@ -9,7 +9,6 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from .. import checkpoint
 from ..checkpoint import RunState
 from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..config import Config, dump_yaml, save_config
-from ..devices import cpu_threads, fix_mmap_threshold, one_cpu_team, threads_restored
+from ..devices import fix_mmap_threshold, threads_restored, with_run_threads
 from ..errors import RunStopped, UserError
 from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
@@ -75,23 +74,13 @@ class Parts:
 
 
 def start_model(config: Config, devices: list[torch.device], log: Callable[[str], None]) -> tuple[Path, int | None]:
-    """The model to start from (`model_path`) and this thread's torch width; with the width of the
-    run's one CPU team when it has one (devices.one_cpu_team, sync on the CPU). Then the heavy
-    setup (a warm-start, a GGUF conversion) runs at full width on a thread that exits after it,
-    taking its team along; the rest of the setup runs on this thread at width 1, and the generator
-    and trainer share one worker thread."""
-    overlapping = config.rollout.mode != "sync"
-    threads = cpu_threads(devices, config.run.cpu_threads, overlapping)
-    if not one_cpu_team(devices, overlapping):
-        start = model_path(config, log)
-        if threads:
-            torch.set_num_threads(threads)  # process-wide: every torch thread's team takes this width
-        return start, None
-    team = threads or torch.get_num_threads()
-    with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(team,)) as passing:
-        start = passing.submit(model_path, config, log).result()
-    torch.set_num_threads(1)
-    return start, team
+    """The model to start from (`model_path`) and the width of the run's one CPU team when it has
+    one (devices.one_cpu_team, sync on the CPU). Then the heavy setup (a warm-start, a GGUF
+    conversion) runs at full width on a thread that exits after it, taking its team along; the
+    rest of the setup runs on this thread at width 1, and the generator and trainer share one
+    worker thread (devices.with_run_threads)."""
+    return with_run_threads(lambda team: (model_path(config, log), team), devices,
+                            overlapping=config.rollout.mode != "sync", setting=config.run.cpu_threads)
 
 
 def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] = print,
