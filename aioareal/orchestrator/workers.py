@@ -140,7 +140,11 @@ class TrainerWorker:
         return metrics
 
     def _train(self, groups: list[Group]) -> dict[str, float]:
-        metrics = train_step(self.trainer, groups, self.sync.publish)
+        self.sync.release()  # an unstaged sync's generator weights, rewritten by this step's publish
+        try:
+            metrics = train_step(self.trainer, groups, self.sync.publish)
+        finally:
+            self.sync.restore()
         release_freed_memory(self.trainer.device)  # the step's activations, before generation needs memory
         return metrics
 

@@ -66,6 +66,7 @@ class WeightSync:
         self.lock = threading.Lock()
         self.published = 0  # version held in staging
         self.applied = 0  # version in the generator's parameters
+        self.released: list[tuple[torch.UntypedStorage, int]] = []  # unstaged: storages freed until publish
         self._staged_event: torch.cuda.Event | None = None
         self._applied_event: torch.cuda.Event | None = None
 
@@ -103,8 +104,33 @@ class WeightSync:
             torch.cuda.current_stream(self.train_device).wait_event(event)
 
     def _stage_host(self) -> None:
+        self._reallocate()
         for s, p in zip(self.staging, self.src):
             s.copy_(_full(p))
+
+    def release(self) -> None:
+        """Unstaged: free the generator's weights until the next `publish` writes them whole (sync
+        mode's training step, which they would otherwise sit through: 0.27 GB of SmolLM2 in bf16).
+        The storages shrink to nothing in place, so every view of them (the engine's fused
+        projections, tied weights) sees the new weights once `publish` has grown them back."""
+        if self.staged or self.released:
+            return
+        storages = {p.untyped_storage().data_ptr(): p.untyped_storage() for p in self.dst}
+        self.released = [(st, st.nbytes()) for st in storages.values() if st.resizable()]
+        for st, _ in self.released:
+            st.resize_(0)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """The generator's weights back, equal to the trainer's masters, after a `release` that no
+        publish followed (a training step that failed); a no-op otherwise."""
+        if self.released:
+            self._stage_host()
+
+    def _reallocate(self) -> None:
+        for st, nbytes in self.released:
+            st.resize_(nbytes)
+        self.released = []
 
     def _stage_cuda(self, stream: torch.cuda.Stream) -> None:
         if not self.sharded:
