@@ -206,9 +206,8 @@ class TrainConfig:
         "dtype of AdamW's two moments: bfloat16 halves the optimizer state, stochastically rounded (one process; "
         "docs/log/2026-11-memory.md)", "float32")
     lean_activations: bool = doc(
-        "RMSNorms and SwiGLU MLPs keep less for the backward (the norm's input, not also its normalised copy; "
-        "gate and up, not also silu(gate)): about 30% of the activations, same forward; a module whose own "
-        "forward differs keeps it (trainer/lean_layers.py)", True)
+        "RMSNorms and SwiGLU MLPs keep less for the backward (about 30% of the activations; the same forward); a "
+        "module whose own forward differs keeps it (trainer/lean_layers.py)", True)
     max_logprob_gap: float = doc("stop the run when a step's logprob_gap_max (generator vs trainer, nats) exceeds "
                                  "it; 0 = 0.05 when both compute in fp32, else 2.0 (none with recompute_kv=false)", 0.0)
 

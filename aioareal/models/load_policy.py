@@ -239,3 +239,13 @@ def _refuse_pickle_adapter(name: str) -> None:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def checkpoint_activations(model: PreTrainedModel) -> None:
+    """Recompute each layer's activations in the backward (model.gradient_checkpointing), through
+    transformers' current name for it where it has one: the old name warns on every run."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

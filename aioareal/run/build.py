@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..models import load_model, lora, resolve_dtype
+from ..models.load_policy import checkpoint_activations
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..orchestrator.workers import thread_for
 from ..rewards.service import RewardService
@@ -144,16 +145,6 @@ def build_models(config: Config, start: str, resume_from: Path | None, gen_devic
                   else copy.deepcopy(train))
         ref = source.to(compute_dtype).eval().requires_grad_(False)
     return Models(gen, train, ref, compute_dtype)
-
-
-def checkpoint_activations(model: PreTrainedModel) -> None:
-    """Recompute each layer's activations in the backward (model.gradient_checkpointing), through
-    transformers' current name for it where it has one: the old name warns on every run."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable({"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_device: torch.device,
