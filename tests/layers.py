@@ -5,7 +5,7 @@ from __future__ import annotations
 # Lowest first: a module may import its own layer and the layers below it, never one above. A
 # package is named for all its modules; a new package or root module must be placed here.
 LAYERS = [
-    ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.losses",
+    ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.allocator", "aioareal.losses",
      "aioareal.usercode"],  # usercode: users' reward functions, episodes and tools by import path
     ["aioareal.config"],
     ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
