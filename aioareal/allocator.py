@@ -103,6 +103,18 @@ def _exec(env: dict[str, str]) -> NoReturn:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+# oneDNN keeps up to 1,024 compiled matmul primitives (and their scratch buffers), one per shape;
+# a run's micro-batches and decode batches keep making new shapes, and the cache grew a sums run's
+# RSS by 0.3-0.4 GiB over its first steps. 128 was no slower there (docs/log/2026-11-memory-4gib.md).
+ONEDNN_CACHE = 128
+
+
+def cap_onednn_cache(env: MutableMapping[str, str]) -> None:
+    """oneDNN's primitive cache at ONEDNN_CACHE entries unless the user set it; oneDNN reads the
+    variable when it first builds a primitive, so this must run before the first CPU matmul."""
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE))
+
+
 def in_use() -> str:
     """The allocator this process runs with, as the restart marked it ('system' when not restarted)."""
     return os.environ.get(MARK, "system")

@@ -74,3 +74,12 @@ def test_glibc_needs_no_restart(monkeypatch):
     monkeypatch.setattr(allocator, "_exec", lambda env: pytest.fail("restarted for glibc"))
     allocator.reexec("auto")
     assert allocator.in_use() == "system"
+
+
+def test_onednn_cache_is_capped_unless_the_user_set_it():
+    env: dict[str, str] = {}
+    allocator.cap_onednn_cache(env)
+    assert env == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(allocator.ONEDNN_CACHE)}
+    mine = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+    allocator.cap_onednn_cache(mine)
+    assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
