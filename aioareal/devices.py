@@ -113,13 +113,11 @@ def release_freed_memory(device: torch.device) -> None:
     trainer's activations stay resident while the generator decodes, and the generator's buffers
     while the trainer trains, so a process holds the sum of its phases' peaks rather than their
     largest. Called between phases (after a training step, after an evaluation); costs a walk of the
-    free lists. With tcmalloc in the process (allocator.py) its own `ReleaseFreeMemory` does the
-    same for its page heap. A no-op on a GPU."""
-    if device.type != "cpu":
-        return
-    tcmalloc = _tcmalloc_release()
-    if tcmalloc is not None:
-        tcmalloc()
+    free lists. A no-op on a GPU, and with tcmalloc in the process (allocator.py): its caches serve
+    every phase, and handing its free pages back between phases (`MallocExtension_ReleaseFreeMemory`)
+    lowered no peak of the sums config and made its steps slower, each phase faulting its pages in
+    again (docs/log/2026-11-memory-4gib.md)."""
+    if device.type != "cpu" or _tcmalloc_release() is not None:
         return
     trim = _malloc_trim()
     if trim is not None:

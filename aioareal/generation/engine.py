@@ -108,7 +108,7 @@ class Engine(QueueFront):
         """Nothing left to decode: let go of what only decoding needs (the packed weights, packed.py;
         made again at the next step, as after every new version), and without CUDA graphs (which
         hold its addresses) the KV cache too: in sync mode the trainer's step runs between two
-        batches, and the cache's memory is then its to use (docs/log/2026-11-avx512-cpu.md)."""
+        batches, and the cache's memory is then its to use (docs/log/2026-11-memory-4gib.md)."""
         self.fwd.linear.drop()
         if self.graphs is None and not self.running:
             self.cache = None

@@ -15,7 +15,7 @@ Unstaged (`staged=False`): where the two sides run on one thread and in sync mod
 the generator is idle with nothing in flight whenever the trainer publishes, and it adopts before
 its next step, so `publish` writes the live parameters directly and `apply` only moves the
 version. The staging copy (0.27 GB for a 135M bf16 generator) then never exists: it would be
-resident through every training step's peak (docs/log/2026-11-avx512-cpu.md).
+resident through every training step's peak (docs/log/2026-11-memory-4gib.md).
 
 On the CPU the copies are synchronous and streams are no-ops; a lock orders the two threads.
 
