@@ -90,15 +90,75 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+def plan_shared(samples: list[Sample], budget: int) -> list[list[int]]:
+    """Indices of each micro-batch for the shared-prompt layout, whose cost is the distinct prompts
+    x the longest prompt + the rows x the longest completion: a micro-batch computes each of its
+    prompts once, so a group's rows should sit together (`plan`'s order by length scatters a
+    group's G rows over several micro-batches, each computing the prompt again), but rows of
+    unlike completion lengths pad to the longest. Two orders are tried, rows by completion length
+    within each prompt and rows by length alone, each cut where the positions plus a micro-batch's
+    fixed cost add up least (`_cheapest_cuts`); the cheaper wins."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    rows_of = [sorted(rows, key=lambda i: len(samples[i].tokens)) for rows in by_prompt.values()]
+    rows_of.sort(key=lambda rows: len(samples[rows[0]].prompt_ids) + len(samples[rows[-1]].tokens))
+    together = [i for rows in rows_of for i in rows]
+    by_length = sorted(range(len(samples)), key=lambda i: (len(samples[i].tokens), len(samples[i].prompt_ids)))
+    plans = [_cheapest_cuts(samples, order, budget) for order in (together, by_length)]
+    return min(plans, key=lambda p: p[0])[1]
+
+
+# A micro-batch's fixed cost in token positions, beside the positions it computes: its launches and
+# per-op overheads (two passes, forward and backward). It keeps `plan_shared` from cutting many
+# small micro-batches for a few positions less.
+MICRO_BATCH_POSITIONS = 64
+
+
+def _cheapest_cuts(samples: list[Sample], order: list[int], budget: int) -> tuple[int, list[list[int]]]:
+    """The micro-batches of consecutive rows of `order`, each within the budget (a row alone may
+    pass it), whose cost adds up least, and that cost: dynamic programming over where to cut."""
+    n = len(order)
+    best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
+    cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
+    for j in range(1, n + 1):
+        prompts: set[tuple[int, ...]] = set()
+        longest_prompt = longest_completion = 0
+        for i in range(j - 1, -1, -1):  # the last micro-batch is order[i:j]
+            s = samples[order[i]]
+            prompts.add(tuple(s.prompt_ids))
+            longest_prompt, longest_completion = max(longest_prompt, len(s.prompt_ids)), max(longest_completion,
+                                                                                             len(s.tokens))
+            positions = len(prompts) * longest_prompt + (j - i) * longest_completion
+            if positions > budget and i < j - 1:
+                break  # it only grows with more rows
+            total = best[i] + positions + MICRO_BATCH_POSITIONS
+            if best[j] < 0 or total < best[j]:
+                best[j], cut[j] = total, i
+    batches: list[list[int]] = []
+    j = n
+    while j > 0:
+        batches.append(order[cut[j]:j])
+        j = cut[j]
+    return best[n], batches[::-1]
+
+
+def plan_for(samples: list[Sample], budget: int, share: bool) -> list[list[int]]:
+    """The micro-batches' indices for the layout in use: shared prompts kept together, or by length."""
+    if share:
+        return plan_shared(samples, budget)
+    return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
+
+
 def computed_positions(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False,
                        varlen: bool = False) -> int:
     """Token positions the trainer's forward computes for these samples, padding included: per
-    micro-batch of `plan`, rows x the longest row; with shared prompts, the distinct prompts x the
+    micro-batch of `plan_for`, rows x the longest row; with shared prompts, the distinct prompts x the
     longest of them plus rows x the longest completion; with varlen, the real tokens; with the
     prefix tree, its rows x their longest, where `collate` would take it. A step's cost follows
     this, not the real tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
     total = 0
-    for idx in plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget):
+    for idx in plan_for(samples, budget, share):
         part = [samples[i] for i in idx]
         other = _layout_positions(part, share, varlen)
         taken = worthwhile_plan(part, other, always=tree is True) if tree else None
@@ -161,5 +221,5 @@ def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
          share: bool = False, varlen: bool = False, tree: TreeSetting = False) -> list[MicroBatch]:
-    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    return [collate([samples[i] for i in idx], pad_id, device, share, varlen, tree) for idx in plan(lengths, budget)]
+    return [collate([samples[i] for i in idx], pad_id, device, share, varlen, tree)
+            for idx in plan_for(samples, budget, share)]
