@@ -22,8 +22,9 @@ from torch import nn
 
 from ..group import Completion, Sample
 from ..simulate.lengths import gsm8k_like_length
-from ..trainer.batching import MicroBatch, collate, plan
+from ..trainer.batching import MicroBatch, collate
 from ..trainer.logprobs import token_logprobs
+from ..trainer.planning import plan_for
 from .harness import alternate, build_model, environment, median_seconds, model_label, pick_device, ratio
 
 LAYOUTS = ("padded", "shared", "tree")
@@ -62,13 +63,16 @@ def run_layouts(args: argparse.Namespace) -> dict[str, Any]:
     groups = max(1, args.samples // args.group_size)
     samples = repetitive_groups(groups, args.group_size, args.answers, args.prompt_len, args.mean_len,
                                 args.max_len, vocab, args.seed)
-    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    parts = [[samples[i] for i in idx] for idx in plan(lengths, args.budget)]
+    # Each layout on the micro-batches the trainer cuts for it: by length when padded, a group's rows
+    # together when prompts are shared (batching.plan_for).
     options = {"padded": {}, "shared": {"share": True}, "tree": {"share": True, "tree": True}}
-    batches = {name: [collate(part, pad, device, **kw) for part in parts] for name, kw in options.items()}
+    batches = {name: [collate([samples[i] for i in idx], pad, device, **kw)
+                      for idx in plan_for(samples, args.budget, bool(kw), kw.get("tree", False))]
+               for name, kw in options.items()}
     print(f"bench train --layouts: {model_label(args.model)} on {device}, {groups} groups x {args.group_size}, "
           f"{args.prompt_len}-token prompts, completions mean {args.mean_len:g} cap {args.max_len}, "
-          f"{args.answers or 'all'} distinct per group; {len(parts)} micro-batches", flush=True)
+          f"{args.answers or 'all'} distinct per group; micro-batches "
+          + ", ".join(f"{name} {len(mbs)}" for name, mbs in batches.items()), flush=True)
     runs = alternate({name: (lambda mbs=mbs: train_pass(model, mbs, args.chunk)) for name, mbs in batches.items()},
                      args.repeats, device)
     result: dict[str, Any] = {"bench": "train_layouts", **environment(device), "model": model_label(args.model),
@@ -77,7 +81,7 @@ def run_layouts(args: argparse.Namespace) -> dict[str, Any]:
                               "budget": args.budget, "repeats": args.repeats}
     for name, mbs in batches.items():
         result[f"{name}_s"] = median_seconds(runs[name])
-        result[f"{name}_positions"] = sum(_positions(mb) for mb in mbs)
+        result[f"{name}_positions"] = sum(mb.positions for mb in mbs)
     result["tree_vs_shared"] = ratio(result["shared_s"], result["tree_s"])
     result["tree_vs_padded"] = ratio(result["padded_s"], result["tree_s"])
     for name in LAYOUTS:
@@ -87,10 +91,3 @@ def run_layouts(args: argparse.Namespace) -> dict[str, Any]:
           f"{result['tree_vs_padded']:.2f}x than padded", flush=True)
     return result
 
-
-def _positions(mb: MicroBatch) -> int:
-    if mb.tree is not None:
-        return mb.tree.positions
-    if mb.share is not None:
-        return mb.share.prompt_ids.numel() + mb.share.input_ids.numel()
-    return mb.input_ids.numel()

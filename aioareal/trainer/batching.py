@@ -1,9 +1,6 @@
-"""Pack samples into micro-batches by a token budget.
-
-Samples are sorted by length and cut greedily so that rows x longest-row <= budget: sequences of
-similar length share a micro-batch, which keeps padding small (reported as `padding_frac`) without
-needing padding-free attention kernels.
-"""
+"""Pack samples into micro-batches by a token budget (which rows go together: planning.py), each
+with the layout its log-probs are computed in: the prefix tree, shared prompts, one varlen row, or
+the padded rows alone (whose padding is reported as `padding_frac`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..group import Sample
+from .planning import layout_positions, plan_for
 from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to
@@ -35,10 +33,23 @@ class MicroBatch:
     share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
     varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (varlen.py)
     tree: PrefixTree | None = None  # the same rows with each distinct prefix computed once (prefix_tree.py)
+    # Samples of the mini-batch left out (zero advantage: trainer/zero_advantage.py), counted in its
+    # loss's normalisers only; carried by one micro-batch of the mini-batch.
+    aside_rows: int = 0
+    aside_tokens: int = 0
 
     @property
     def padded_tokens(self) -> int:
         return self.input_ids.numel()
+
+    @property
+    def positions(self) -> int:
+        """Token positions its forward computes in the layout it takes, padding included."""
+        if self.tree is not None:
+            return self.tree.positions
+        if self.share is not None:
+            return self.share.prompt_ids.numel() + self.share.input_ids.numel()
+        return self.real_tokens if self.varlen is not None else self.padded_tokens
 
     @property
     def rows(self) -> int:
@@ -61,7 +72,9 @@ class MicroBatch:
         if b == 1:
             return [self]
         cut = b // 2
-        return [self._rows(slice(0, cut)), self._rows(slice(cut, b))]
+        first = self._rows(slice(0, cut))
+        first.aside_rows, first.aside_tokens = self.aside_rows, self.aside_tokens
+        return [first, self._rows(slice(cut, b))]
 
     def _rows(self, rows: slice) -> MicroBatch:
         mask = self.loss_mask[rows]
@@ -74,82 +87,6 @@ class MicroBatch:
                           prox_logp=pick(self.prox_logp), ref_logp=pick(self.ref_logp))
 
 
-def plan(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (a longer
-    sequence than the budget still gets a micro-batch of its own)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > budget:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def plan_shared(samples: list[Sample], budget: int) -> list[list[int]]:
-    """Indices of each micro-batch for the shared-prompt layout, whose cost is the distinct prompts
-    x the longest prompt + the rows x the longest completion: a micro-batch computes each of its
-    prompts once, so a group's rows should sit together (`plan`'s order by length scatters a
-    group's G rows over several micro-batches, each computing the prompt again), but rows of
-    unlike completion lengths pad to the longest. Two orders are tried, rows by completion length
-    within each prompt and rows by length alone, each cut where the positions plus a micro-batch's
-    fixed cost add up least (`_cheapest_cuts`); the cheaper wins."""
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for i, s in enumerate(samples):
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
-    rows_of = [sorted(rows, key=lambda i: len(samples[i].tokens)) for rows in by_prompt.values()]
-    rows_of.sort(key=lambda rows: len(samples[rows[0]].prompt_ids) + len(samples[rows[-1]].tokens))
-    together = [i for rows in rows_of for i in rows]
-    by_length = sorted(range(len(samples)), key=lambda i: (len(samples[i].tokens), len(samples[i].prompt_ids)))
-    plans = [_cheapest_cuts(samples, order, budget) for order in (together, by_length)]
-    return min(plans, key=lambda p: p[0])[1]
-
-
-# A micro-batch's fixed cost in token positions, beside the positions it computes: its launches and
-# per-op overheads (two passes, forward and backward). It keeps `plan_shared` from cutting many
-# small micro-batches for a few positions less.
-MICRO_BATCH_POSITIONS = 64
-
-
-def _cheapest_cuts(samples: list[Sample], order: list[int], budget: int) -> tuple[int, list[list[int]]]:
-    """The micro-batches of consecutive rows of `order`, each within the budget (a row alone may
-    pass it), whose cost adds up least, and that cost: dynamic programming over where to cut."""
-    n = len(order)
-    best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
-    cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
-    for j in range(1, n + 1):
-        prompts: set[tuple[int, ...]] = set()
-        longest_prompt = longest_completion = 0
-        for i in range(j - 1, -1, -1):  # the last micro-batch is order[i:j]
-            s = samples[order[i]]
-            prompts.add(tuple(s.prompt_ids))
-            longest_prompt, longest_completion = max(longest_prompt, len(s.prompt_ids)), max(longest_completion,
-                                                                                             len(s.tokens))
-            positions = len(prompts) * longest_prompt + (j - i) * longest_completion
-            if positions > budget and i < j - 1:
-                break  # it only grows with more rows
-            total = best[i] + positions + MICRO_BATCH_POSITIONS
-            if best[j] < 0 or total < best[j]:
-                best[j], cut[j] = total, i
-    batches: list[list[int]] = []
-    j = n
-    while j > 0:
-        batches.append(order[cut[j]:j])
-        j = cut[j]
-    return best[n], batches[::-1]
-
-
-def plan_for(samples: list[Sample], budget: int, share: bool) -> list[list[int]]:
-    """The micro-batches' indices for the layout in use: shared prompts kept together, or by length."""
-    if share:
-        return plan_shared(samples, budget)
-    return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
-
-
 def computed_positions(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False,
                        varlen: bool = False) -> int:
     """Token positions the trainer's forward computes for these samples, padding included: per
@@ -158,21 +95,12 @@ def computed_positions(samples: list[Sample], budget: int, share: bool, tree: Tr
     prefix tree, its rows x their longest, where `collate` would take it. A step's cost follows
     this, not the real tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
     total = 0
-    for idx in plan_for(samples, budget, share):
+    for idx in plan_for(samples, budget, share, tree):
         part = [samples[i] for i in idx]
-        other = _layout_positions(part, share, varlen)
+        other = layout_positions(part, share, varlen)
         taken = worthwhile_plan(part, other, always=tree is True) if tree else None
         total += taken[1] if taken else other
     return total
-
-
-def _layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
-    """Positions of the layout the trainer takes when not the prefix tree (see `computed_positions`)."""
-    if share:
-        prompts = {tuple(s.prompt_ids) for s in samples}
-        return len(prompts) * max(map(len, prompts)) + len(samples) * max(len(s.tokens) for s in samples)
-    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
-    return sum(lengths) if varlen else len(samples) * max(lengths)
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
@@ -200,7 +128,7 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
-    other = _layout_positions(samples, share, varlen)
+    other = layout_positions(samples, share, varlen)
     taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
     prefix_tree = build_tree(samples, pad_id, planned=taken[0]) if taken else None
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
@@ -222,4 +150,4 @@ def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
          share: bool = False, varlen: bool = False, tree: TreeSetting = False) -> list[MicroBatch]:
     return [collate([samples[i] for i in idx], pad_id, device, share, varlen, tree)
-            for idx in plan_for(samples, budget, share)]
+            for idx in plan_for(samples, budget, share, tree)]

@@ -29,6 +29,7 @@ from .optim import build_optimizer
 from .prefix_tree import use_tree
 from .stats import StepSums, read_back, step_figures
 from .varlen import use_varlen
+from .zero_advantage import set_aside
 
 
 class NonFiniteError(UserError):
@@ -92,6 +93,8 @@ class Trainer:
         self._choose_layouts(model, train, collective)
         self.version = 0
         self.micro_batch_tokens = train.micro_batch_tokens  # halved for good after an OOM
+        # A KL penalty has a gradient at a zero advantage: then every sample is computed.
+        self.skip_zero_advantage = train.skip_zero_advantage and algo.kl_coef == 0
         self.oom_retries = 0
         self.skipped_updates = 0
         self.consecutive_skips = 0
@@ -136,8 +139,12 @@ class Trainer:
         size = math.ceil(len(groups) / m)
         parts = [groups[i:i + size] for i in range(0, len(groups), size)]
         budget = self.micro_batch_tokens
-        packed = [pack([s for g in part for s in g.samples], budget, self.pad_id, self.device, self.share_prompts,
-                       self.varlen, self.prefix_tree) for part in parts]
+        packed = []
+        for part in parts:
+            samples, aside = set_aside([s for g in part for s in g.samples], self.skip_zero_advantage)
+            mbs = pack(samples, budget, self.pad_id, self.device, self.share_prompts, self.varlen, self.prefix_tree)
+            mbs[0].aside_rows, mbs[0].aside_tokens = aside.rows, aside.completion_tokens
+            packed.append(mbs)
         return self._even_out(packed)
 
     def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:
@@ -168,8 +175,8 @@ class Trainer:
         mini-batch loss); after an out-of-memory error, halve the micro-batches and start over.
         The normalisers are the mini-batch's over all ranks: the ranks' losses add up to the loss
         of the whole mini-batch, and their gradients are summed (FSDP2 with divide factor 1)."""
-        local = torch.tensor([sum(mb.completion_tokens for mb in part), sum(mb.rows for mb in part)],
-                             dtype=torch.float64)
+        local = torch.tensor([sum(mb.completion_tokens + mb.aside_tokens for mb in part),
+                              sum(mb.rows + mb.aside_rows for mb in part)], dtype=torch.float64)
         tokens, seqs = self.collective.sum_(local).tolist()
         totals = Totals(tokens=tokens, seqs=seqs, constant=self.loss_constant)
         while True:
@@ -250,18 +257,21 @@ class Trainer:
         """The step's metrics. Reads every device-side sum back at once: the step's one host sync."""
         total = read_back(step, self.collective)  # over all ranks
         mbs = [mb for part in packed for mb in part if not mb.filler]
-        real, padded, count = self._global_counts(mbs)
+        real, padded, positions, count, aside = self._global_counts(mbs)
+        # train_positions: what the forward computed (shared prompts once, a tree's distinct prefixes),
+        # against padding_frac's padded rows, the layout the loss reads; aside_samples: left out of
+        # the forward and backward (zero advantage: trainer/zero_advantage.py).
         return {**step_figures(total, step.updates), "lr": self.scheduler.get_last_lr()[0], "train_tokens": real,
-                "padding_frac": 1.0 - real / padded, "micro_batches": count, "skipped_updates": self.skipped_updates,
-                "oom_retries": self.oom_retries}
+                "train_positions": positions, "padding_frac": 1.0 - real / padded, "micro_batches": count,
+                "aside_samples": aside, "skipped_updates": self.skipped_updates, "oom_retries": self.oom_retries}
 
-    def _global_counts(self, mbs: list[MicroBatch]) -> tuple[int, int, int]:
-        """Tokens, padded tokens and micro-batches of the step, over all ranks."""
-        local = [sum(mb.real_tokens for mb in mbs), sum(mb.padded_tokens for mb in mbs), len(mbs)]
+    def _global_counts(self, mbs: list[MicroBatch]) -> tuple[int, ...]:
+        """Tokens, padded tokens, computed positions, micro-batches and samples set aside, over all ranks."""
+        local = [sum(mb.real_tokens for mb in mbs), sum(mb.padded_tokens for mb in mbs),
+                 sum(mb.positions for mb in mbs), len(mbs), sum(mb.aside_rows for mb in mbs)]
         if self.collective.size == 1:
-            return local[0], local[1], local[2]
-        real, padded, count = self.collective.sum_(torch.tensor(local, dtype=torch.float64)).tolist()
-        return int(real), int(padded), int(count)
+            return tuple(local)
+        return tuple(int(x) for x in self.collective.sum_(torch.tensor(local, dtype=torch.float64)).tolist())
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), **self.counters()}

@@ -13,9 +13,10 @@ from aioareal.group import Completion, Group, Sample
 from aioareal.models import random_model
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.batching import collate, pack, plan
+from aioareal.trainer.batching import collate, pack
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
+from aioareal.trainer.planning import plan
 from aioareal.trainer.step import assign_advantages
 
 

@@ -1,4 +1,4 @@
-"""Micro-batches for the shared-prompt layout (trainer/batching.py `plan_shared`): a group's rows
+"""Micro-batches for the shared-prompt layout (trainer/planning.py `plan_shared`): a group's rows
 kept together, every sample once, each micro-batch within the budget, never dearer than `plan`."""
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioareal.group import Completion, Sample
-from aioareal.trainer.batching import (
+from aioareal.trainer.batching import computed_positions, pack
+from aioareal.trainer.planning import (
     MICRO_BATCH_POSITIONS,
-    _layout_positions,
-    computed_positions,
-    pack,
+    _fullest_cuts,
+    _plan_cost,
+    layout_positions,
     plan,
     plan_shared,
 )
@@ -25,7 +26,7 @@ def _samples(spec: list[tuple[int, int, int]]) -> list[Sample]:
 
 
 def _cost(samples: list[Sample], batches: list[list[int]]) -> int:
-    return sum(_layout_positions([samples[i] for i in b], True, False) + MICRO_BATCH_POSITIONS for b in batches)
+    return sum(layout_positions([samples[i] for i in b], True, False) + MICRO_BATCH_POSITIONS for b in batches)
 
 
 groups_strategy = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 60), st.integers(1, 80)), min_size=1,
@@ -41,7 +42,7 @@ def test_property_plan_shared_covers_every_sample_once_within_budget(spec, budge
     batches = plan_shared(samples, budget)
     assert sorted(i for b in batches for i in b) == list(range(len(samples)))
     for b in batches:
-        assert len(b) == 1 or _layout_positions([samples[i] for i in b], True, False) <= budget
+        assert len(b) == 1 or layout_positions([samples[i] for i in b], True, False) <= budget
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -64,7 +65,7 @@ def test_a_group_computes_its_prompt_once_where_plan_would_scatter_it():
     by_length = plan([len(s.prompt_ids) + len(s.tokens) for s in samples], 1024)
     assert prompts_computed < sum(len({samples[i].prompt_ids[0] for i in b}) for b in by_length)
     assert computed_positions(samples, 1024, share=True) < sum(
-        _layout_positions([samples[i] for i in b], True, False) for b in by_length)
+        layout_positions([samples[i] for i in b], True, False) for b in by_length)
     # The trainer's micro-batches are the plan's.
     packed = pack(samples, 1024, 0, "cpu", share=True)
     assert [mb.share.prompt_ids.shape[0] for mb in packed] == [len({samples[i].prompt_ids[0] for i in b})
@@ -76,3 +77,15 @@ def test_one_group_with_room_to_spare_is_one_micro_batch():
     assert plan_shared(samples, 1024) == [[0, 2, 5, 7, 4, 6, 1, 3]]  # by completion length
     # Padded, the same budget holds them too, but computes the prompt 8 times.
     assert computed_positions(samples, 1024, share=True) == 40 + 8 * 12
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(spec=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=40),
+       budget=st.integers(20, 2000))
+def test_property_with_the_tree_no_plan_computes_more_than_filling_each_micro_batch(spec, budget):
+    # Groups whose completions repeat (answer ids 0-2): the prefix tree shares them, and shares
+    # more the more rows a micro-batch holds, so cutting small may cost more than it saves.
+    samples = [Sample([1000 + p, 5, 6, 7], Completion([7, a, 8 + a], [-0.1] * 3, [0] * 3, "stop"))
+               for p, a in spec]
+    chosen = _plan_cost(samples, plan_shared(samples, budget, tree="auto"), "auto")
+    assert chosen <= _plan_cost(samples, _fullest_cuts(samples, list(range(len(samples))), budget), "auto")

@@ -1,0 +1,126 @@
+"""Which samples share a micro-batch: the cuts of a batch under the token budget.
+
+Padded rows are cut by length (`plan`): rows of similar length pad little. Where prompts are
+shared (shared_prompts.py) a micro-batch computes each distinct prompt once, so `plan_shared`
+keeps a group's rows together where that computes less.
+"""
+from __future__ import annotations
+
+from ..group import Sample
+from .prefix_tree import TreeSetting, worthwhile_plan
+
+
+def plan(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (a longer
+    sequence than the budget still gets a micro-batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def plan_shared(samples: list[Sample], budget: int, tree: TreeSetting = False) -> list[list[int]]:
+    """Indices of each micro-batch for the shared-prompt layout, whose cost is the distinct prompts
+    x the longest prompt + the rows x the longest completion: a micro-batch computes each of its
+    prompts once, so a group's rows should sit together (`plan`'s order by length scatters a
+    group's G rows over several micro-batches, each computing the prompt again), but rows of
+    unlike completion lengths pad to the longest. Two orders are tried, rows by completion length
+    within each prompt and rows by length alone, each cut where the positions plus a micro-batch's
+    fixed cost add up least (`_cheapest_cuts`). With the prefix tree, which shares more the more
+    rows it sees, each order filled up to the budget is a candidate too. The plan that computes
+    least in the layouts `collate` will take wins."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    rows_of = [sorted(rows, key=lambda i: len(samples[i].tokens)) for rows in by_prompt.values()]
+    rows_of.sort(key=lambda rows: len(samples[rows[0]].prompt_ids) + len(samples[rows[-1]].tokens))
+    together = [i for rows in rows_of for i in rows]
+    by_length = sorted(range(len(samples)), key=lambda i: (len(samples[i].tokens), len(samples[i].prompt_ids)))
+    candidates = [_cheapest_cuts(samples, order, budget) for order in (together, by_length)]
+    if tree:
+        candidates += [_fullest_cuts(samples, order, budget) for order in (together, by_length)]
+    return min(candidates, key=lambda batches: _plan_cost(samples, batches, tree))
+
+
+# A micro-batch's fixed cost in token positions, beside the positions it computes: its launches and
+# per-op overheads (two passes, forward and backward). It keeps `plan_shared` from cutting many
+# small micro-batches for a few positions less.
+MICRO_BATCH_POSITIONS = 64
+
+
+def _shared_positions(samples: list[Sample], rows: list[int]) -> int:
+    return layout_positions([samples[i] for i in rows], True, False)
+
+
+def _cheapest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches of consecutive rows of `order`, each within the budget (a row alone may pass
+    it), whose shared-layout positions plus fixed costs add up least: dynamic programming over
+    where to cut."""
+    n = len(order)
+    best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
+    cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
+    for j in range(1, n + 1):
+        prompts: set[tuple[int, ...]] = set()
+        longest_prompt = longest_completion = 0
+        for i in range(j - 1, -1, -1):  # the last micro-batch is order[i:j]
+            s = samples[order[i]]
+            prompts.add(tuple(s.prompt_ids))
+            longest_prompt, longest_completion = max(longest_prompt, len(s.prompt_ids)), max(longest_completion,
+                                                                                             len(s.tokens))
+            positions = len(prompts) * longest_prompt + (j - i) * longest_completion
+            if positions > budget and i < j - 1:
+                break  # it only grows with more rows
+            total = best[i] + positions + MICRO_BATCH_POSITIONS
+            if best[j] < 0 or total < best[j]:
+                best[j], cut[j] = total, i
+    batches: list[list[int]] = []
+    j = n
+    while j > 0:
+        batches.append(order[cut[j]:j])
+        j = cut[j]
+    return batches[::-1]
+
+
+def _fullest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches of consecutive rows of `order`, each filled as far as the budget allows."""
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and _shared_positions(samples, batches[-1] + [i]) <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _plan_cost(samples: list[Sample], batches: list[list[int]], tree: TreeSetting) -> int:
+    """The positions these micro-batches compute in the layouts `collate` takes, plus their fixed costs."""
+    total = 0
+    for rows in batches:
+        part = [samples[i] for i in rows]
+        shared = layout_positions(part, True, False)
+        taken = worthwhile_plan(part, shared, always=tree is True) if tree else None
+        total += (taken[1] if taken else shared) + MICRO_BATCH_POSITIONS
+    return total
+
+
+def plan_for(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False) -> list[list[int]]:
+    """The micro-batches' indices for the layout in use: shared prompts kept together, or by length."""
+    if share:
+        return plan_shared(samples, budget, tree)
+    return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
+
+
+def layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
+    """Positions of the layout the trainer takes when not the prefix tree (batching.py `computed_positions`)."""
+    if share:
+        prompts = {tuple(s.prompt_ids) for s in samples}
+        return len(prompts) * max(map(len, prompts)) + len(samples) * max(len(s.tokens) for s in samples)
+    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
+    return sum(lengths) if varlen else len(samples) * max(lengths)
