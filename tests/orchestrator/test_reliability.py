@@ -139,8 +139,9 @@ def test_out_of_memory_halves_the_micro_batch_and_retries(tmp_path, monkeypatch)
     # The policy's forward (logprobs.Policy) and the reference model's path (trainer) both call it.
     monkeypatch.setattr(logprobs_module, "token_logprobs", picky)
     monkeypatch.setattr(trainer_module, "token_logprobs", picky)
-    config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2", "eval.every=0"],
-                         flags={"run.run_dir": str(tmp_path / "run")})
+    # A random model's rewards are all zero: every row is computed only when none is set aside.
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2", "eval.every=0",
+                                    "train.skip_zero_advantage=false"], flags={"run.run_dir": str(tmp_path / "run")})
     train(config, **QUIET)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     # Each step: its 16 rows fail as 16, 8 and 4, then run as eight micro-batches of 2 (every row
