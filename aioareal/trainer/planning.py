@@ -6,6 +6,8 @@ keeps a group's rows together where that computes less.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..group import Sample
 from .prefix_tree import TreeSetting, worthwhile_plan
 
@@ -35,19 +37,26 @@ def plan_shared(samples: list[Sample], budget: int, tree: TreeSetting = False) -
     within each prompt and rows by length alone, each cut where the positions plus a micro-batch's
     fixed cost add up least (`_cheapest_cuts`). With the prefix tree, which shares more the more
     rows it sees, each order filled up to the budget is a candidate too. The plan that computes
-    least in the layouts `collate` will take wins."""
+    least in the layouts `collate` will take wins. Rows that fit the budget together stay one
+    micro-batch (the search costs host time that a small step, the tiny model's, cannot spare)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, s in enumerate(samples):
         by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
     rows_of = [sorted(rows, key=lambda i: len(samples[i].tokens)) for rows in by_prompt.values()]
     rows_of.sort(key=lambda rows: len(samples[rows[0]].prompt_ids) + len(samples[rows[-1]].tokens))
     together = [i for rows in rows_of for i in rows]
+    if _shared_positions(samples, together) <= budget:
+        return [together]  # all in one: nothing to save by cutting that is worth a second pass's overheads
     by_length = sorted(range(len(samples)), key=lambda i: (len(samples[i].tokens), len(samples[i].prompt_ids)))
-    candidates = [_cheapest_cuts(samples, order, budget) for order in (together, by_length)]
+    prompt_of = [0] * len(samples)  # each row's prompt as a small int: the search compares them often
+    for k, rows in enumerate(rows_of):
+        for i in rows:
+            prompt_of[i] = k
+    lengths = _Lengths(prompt_of, [len(s.prompt_ids) for s in samples], [len(s.tokens) for s in samples])
+    candidates = [_cheapest_cuts(lengths, order, budget) for order in (together, by_length)]
     if tree:
         candidates += [_fullest_cuts(samples, order, budget) for order in (together, by_length)]
     return min(candidates, key=lambda batches: _plan_cost(samples, batches, tree))
-
 
 # A micro-batch's fixed cost in token positions, beside the positions it computes: its launches and
 # per-op overheads (two passes, forward and backward). It keeps `plan_shared` from cutting many
@@ -59,7 +68,16 @@ def _shared_positions(samples: list[Sample], rows: list[int]) -> int:
     return layout_positions([samples[i] for i in rows], True, False)
 
 
-def _cheapest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[list[int]]:
+@dataclass
+class _Lengths:
+    """Per row: its prompt (a small int), the prompt's length, the completion's length."""
+
+    prompt: list[int]
+    prompt_len: list[int]
+    completion_len: list[int]
+
+
+def _cheapest_cuts(rows: _Lengths, order: list[int], budget: int) -> list[list[int]]:
     """Micro-batches of consecutive rows of `order`, each within the budget (a row alone may pass
     it), whose shared-layout positions plus fixed costs add up least: dynamic programming over
     where to cut."""
@@ -67,13 +85,13 @@ def _cheapest_cuts(samples: list[Sample], order: list[int], budget: int) -> list
     best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
     cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
     for j in range(1, n + 1):
-        prompts: set[tuple[int, ...]] = set()
+        prompts: set[int] = set()
         longest_prompt = longest_completion = 0
         for i in range(j - 1, -1, -1):  # the last micro-batch is order[i:j]
-            s = samples[order[i]]
-            prompts.add(tuple(s.prompt_ids))
-            longest_prompt, longest_completion = max(longest_prompt, len(s.prompt_ids)), max(longest_completion,
-                                                                                             len(s.tokens))
+            r = order[i]
+            prompts.add(rows.prompt[r])
+            longest_prompt = max(longest_prompt, rows.prompt_len[r])
+            longest_completion = max(longest_completion, rows.completion_len[r])
             positions = len(prompts) * longest_prompt + (j - i) * longest_completion
             if positions > budget and i < j - 1:
                 break  # it only grows with more rows
