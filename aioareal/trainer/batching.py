@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..group import Sample
-from .planning import layout_positions, plan_for
-from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
+from .planning import plan_for, taken_layout
+from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to
 from .shared_prompts import PromptShare, build_share, share_to
 from .varlen import VarlenRows, build_varlen, varlen_to
 
@@ -94,13 +94,8 @@ def computed_positions(samples: list[Sample], budget: int, share: bool, tree: Tr
     longest of them plus rows x the longest completion; with varlen, the real tokens; with the
     prefix tree, its rows x their longest, where `collate` would take it. A step's cost follows
     this, not the real tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
-    total = 0
-    for idx in plan_for(samples, budget, share, tree):
-        part = [samples[i] for i in idx]
-        other = layout_positions(part, share, varlen)
-        taken = worthwhile_plan(part, other, always=tree is True) if tree else None
-        total += taken[1] if taken else other
-    return total
+    return sum(taken_layout([samples[i] for i in idx], share, varlen, tree)[1]
+               for idx in plan_for(samples, budget, share, tree))
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
@@ -128,9 +123,8 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
-    other = layout_positions(samples, share, varlen)
-    taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
-    prefix_tree = build_tree(samples, pad_id, planned=taken[0]) if taken else None
+    planned, _ = taken_layout(samples, share, varlen, tree)
+    prefix_tree = build_tree(samples, pad_id, planned=planned) if planned is not None else None
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
                       completion_tokens=sum(len(s.tokens) if m is None else sum(m) for s, m in zip(samples, models)),

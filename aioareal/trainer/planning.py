@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..group import Sample
-from .prefix_tree import TreeSetting, worthwhile_plan
+from .prefix_tree import Plan, TreeSetting, worthwhile_plan
 
 
 def plan(lengths: list[int], budget: int) -> list[list[int]]:
@@ -119,13 +119,8 @@ def _fullest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[
 
 def _plan_cost(samples: list[Sample], batches: list[list[int]], tree: TreeSetting) -> int:
     """The positions these micro-batches compute in the layouts `collate` takes, plus their fixed costs."""
-    total = 0
-    for rows in batches:
-        part = [samples[i] for i in rows]
-        shared = layout_positions(part, True, False)
-        taken = worthwhile_plan(part, shared, always=tree is True) if tree else None
-        total += (taken[1] if taken else shared) + MICRO_BATCH_POSITIONS
-    return total
+    return sum(taken_layout([samples[i] for i in rows], True, False, tree)[1] + MICRO_BATCH_POSITIONS
+               for rows in batches)
 
 
 def plan_for(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False) -> list[list[int]]:
@@ -133,6 +128,14 @@ def plan_for(samples: list[Sample], budget: int, share: bool, tree: TreeSetting 
     if share:
         return plan_shared(samples, budget, tree)
     return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
+
+
+def taken_layout(samples: list[Sample], share: bool, varlen: bool, tree: TreeSetting) -> tuple[Plan | None, int]:
+    """The prefix tree's planned rows where `collate` takes the tree for these samples (else None),
+    and the positions the layout it takes computes."""
+    other = layout_positions(samples, share, varlen)
+    taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
+    return (taken[0], taken[1]) if taken else (None, other)
 
 
 def layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
