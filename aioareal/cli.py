@@ -9,10 +9,13 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .distributed.env import launched_by_torchrun
 from .errors import guarded
+
+if TYPE_CHECKING:  # the config loads lazily: --help and --version import no torch
+    from .config import Config
 
 
 def train_parser(prog: str = "python -m aioareal") -> argparse.ArgumentParser:
@@ -82,6 +85,7 @@ def _train(args: argparse.Namespace, restart: bool = False) -> int:
         reexec(config.run.allocator)  # returns in the process that trains
         if os.environ.get("RANK", "0") == "0":
             print(f"allocator: {in_use()} (run.allocator={config.run.allocator})")
+            bf16_note(config)
     if not target:
         profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from
@@ -93,6 +97,25 @@ def _train(args: argparse.Namespace, restart: bool = False) -> int:
         else:
             train(config, cell=cell)
     return 0
+
+
+def bf16_note(config: Config) -> None:
+    """Warn, once, where bf16 is asked of a CPU that only emulates it."""
+    from .devices import cpu_flags, emulated_bf16
+
+    r, m = config.rollout, config.model
+    on_cpu = {key: dtype for key, dtype, device in (("model.dtype", m.dtype, r.gen_device),
+                                                     ("model.train_dtype", m.train_dtype, r.train_device))
+              if device == "cpu" or (device == "auto" and not _has_cuda())}
+    note = emulated_bf16(on_cpu, cpu_flags())
+    if note:
+        print(note, flush=True)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def profile_note(args: argparse.Namespace) -> None:

@@ -8,6 +8,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from .errors import UserError
 
 T = TypeVar("T")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either gives the CPU bf16 dot-product units
 
 
 def resolve_device(name: str, role: str, rank_slot: tuple[int, int] | None = None) -> torch.device:
@@ -158,3 +160,31 @@ def fix_mmap_threshold(mib: int) -> bool:
     False where glibc is not the allocator."""
     mallopt = getattr(_libc(), "mallopt", None)
     return mallopt is not None and mallopt(M_MMAP_THRESHOLD, mib << 20) == 1
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
+    """The first processor's feature flags; None where there is no such file (not Linux)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def bf16_units(flags: set[str] | None) -> str | None:
+    """The flag that says the CPU computes bf16 dot products natively (AMX first), or None."""
+    return next((f for f in reversed(BF16_FLAGS) if f in (flags or set())), None)
+
+
+def emulated_bf16(keys: dict[str, str], flags: set[str] | None) -> str | None:
+    """One line when bf16 is asked of a CPU that only emulates it (`keys`: config key -> dtype of
+    each side that runs on the CPU): its matmuls run many times slower than fp32's there (a Gemma
+    3 270M step took minutes instead of seconds on an AVX2-only EPYC). None where bf16 is native,
+    not asked, or the flags cannot be read."""
+    asked = [key for key, dtype in keys.items() if dtype in ("bfloat16", "bf16")]
+    if not asked or flags is None or bf16_units(flags):
+        return None
+    fix = " ".join(f"{key}=float32" for key in keys)
+    return (f"warning: {' and '.join(asked)} = bfloat16, but this CPU lists neither {' nor '.join(BF16_FLAGS)}: "
+            f"bf16 matmuls are emulated, many times slower than float32; set {fix}")

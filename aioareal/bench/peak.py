@@ -30,16 +30,15 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import median
 from typing import Any
 
 import torch
 
+from ..devices import BF16_FLAGS, bf16_units, cpu_flags
 from ..errors import UserError
 from .roofline import peak_bf16_tflops, peak_gbps
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either gives the CPU bf16 dot-product units
 DEFAULT_SIZE = 2048  # fp32: 0.05-0.2 s a call on 2 shared cores; bf16 (AMX) several times less
 TIMED_CALLS = 3  # per probe, after one warm-up call; a run holds several probes
 STREAM_MB = 512  # the bandwidth probe's buffer: far beyond any CPU's last-level cache
@@ -66,21 +65,6 @@ class Peaks:
                 "peak_source": self.source, "peak_note": self.note,
                 "peak_fp32_gflops_probes": self.fp32_probes, "peak_bf16_gflops_probes": self.bf16_probes,
                 "peak_mem_gbps": self.gbps, "peak_mem_gbps_probes": self.gbps_probes}
-
-
-def cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
-    """The first processor's feature flags; None where there is no such file (not Linux)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return None
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
-def bf16_units(flags: set[str] | None) -> str | None:
-    """The flag that says the CPU computes bf16 dot products natively (AMX first), or None."""
-    return next((f for f in reversed(BF16_FLAGS) if f in (flags or set())), None)
 
 
 def gemm_gflops(dtype: torch.dtype, n: int, calls: int = TIMED_CALLS) -> float:

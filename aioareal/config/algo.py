@@ -39,6 +39,10 @@ class AlgoConfig:
         "(inf = plain ppo); dg: w multiplies its loss (inf = full importance weight); decoupled: refused, its "
         "behaviour weight already does this (algo.behav_cap); null = off", None)
     lr: float = doc("AdamW learning rate", 1e-4)
+    embedding_lr_scale: float = doc(
+        "the token embedding's learning rate (and its tied head's) as a multiple of algo.lr; 0 freezes them. "
+        "Adam moves every row of a 262k-word tied head (Gemma) by about lr each step, never-sampled words "
+        "included (docs/models.md#gemma-3-270m)", 1.0)
     weight_decay: float = doc("AdamW weight decay", 0.0)
     adam_beta2: float = doc("AdamW beta2", 0.99)
     grad_clip: float = doc("gradient-norm clip (0 disables)", 1.0)

@@ -92,12 +92,18 @@ class ArithmeticConfig:
 
     digits: int = doc("max digits per operand", 2)
     ops: str = doc("operators to draw from (+ - * and %, the remainder)", "+")
-    style: Literal["raw", "chat"] = doc("raw: '23+45=' -> '68' (the tiny model's format); chat: 'What is 23 + 45? "
-                                        "Put the final answer in \\boxed{}.' through the chat template, graded "
-                                        "by the GSM8K grader (an instruct model's format)", "raw")
+    max_operand: int = doc("largest operand (0: every number of arithmetic.digits digits); 30 asks sums of 0-30",
+                           0)
+    style: Literal["raw", "chat", "question"] = doc(
+        "raw: '23+45=' -> '68' (the tiny model's format); chat: 'What is 23 + 45? Put the final answer in "
+        "\\boxed{}.' through the chat template, graded by the GSM8K grader (an instruct model's format); question: "
+        "'Question: What is 23 plus 45?\\nAnswer:' as raw text, graded by the first number written (a base "
+        "model's format)", "raw")
 
     def __post_init__(self) -> None:
         check(1 <= self.digits <= 6, "arithmetic.digits", f"must be in 1..6, got {self.digits}")
+        check(0 <= self.max_operand < 10 ** self.digits, "arithmetic.max_operand",
+              f"must be in 0..{10 ** self.digits - 1} (arithmetic.digits={self.digits}), got {self.max_operand}")
         bad = set(self.ops) - set("+-*%")
         check(bool(self.ops) and not bad, "arithmetic.ops", f"must use only '+-*%', got '{self.ops}'")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..models.chat_template import apply_template
+from ..models.prompt_encoding import PromptEncoder
 
 SENTINEL = "\x00aioareal-turn\x00"
 
@@ -68,7 +69,7 @@ def _overlap(before: str, framed: str) -> int:
 
 def codec_for(tokenizer: Any, chat: bool) -> Codec:
     """The codec of a run whose prompts use the chat template (`chat`) or not."""
-    return Codec(encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+    return Codec(encode=PromptEncoder(tokenizer).continuation,  # observations continue a prompt: no BOS
                  decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                  decode_raw=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
                  template=tokenizer if chat and getattr(tokenizer, "chat_template", None) else None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..grading.final_answer import extract_answer, normalize_number
+from ..tasks.arithmetic import line_answer
 from ..tasks.base import Task
 
 Reader = Callable[[str], "str | None"]
@@ -17,6 +18,8 @@ def answer_reader(task: Task) -> Reader | None:
     base = getattr(task, "task", task)  # reward functions wrap the task (tasks.reward_functions.RewardedTask)
     if base.name == "arithmetic" and getattr(base, "style", "raw") == "raw":
         return raw_answer
+    if base.name == "arithmetic" and base.style == "question":
+        return line_answer
     if base.name in ("arithmetic", "gsm8k"):
         return read_answer
     return None

@@ -30,7 +30,7 @@ from .gguf_convert import convert
 
 ENV_CACHE = "AIOAREAL_CACHE_DIR"
 MANIFEST = "aioareal-gguf.json"  # written last inside an entry: what it was made from
-FORMAT = 1  # bump when the conversion changes, so stale entries are rebuilt
+FORMAT = 2  # bump when the conversion changes, so stale entries are rebuilt (2: gguf_pre_tokenizer kept)
 KEY_DIGITS = 16
 CHUNK = 1 << 20
 

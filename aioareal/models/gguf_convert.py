@@ -13,15 +13,20 @@ one) is picked up, and `trust_remote_code` stays off.
 from __future__ import annotations
 
 import importlib.util
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from ..errors import UserError
 from .gguf_header import check_gguf_header
+from .prompt_encoding import special_prefix
+
+PRE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")  # llama.cpp's pre-tokenizer names ("smollm", "llama-bpe")
 
 REQUIRED = ("gguf", "accelerate")  # transformers' GGUF loader needs both; neither is a core dependency
 INSTALL_HINT = "pip install 'aioareal[gguf]'"
@@ -30,7 +35,7 @@ INSTALL_HINT = "pip install 'aioareal[gguf]'"
 def convert(path: Path, out: Path) -> None:
     """Dequantize the GGUF file at `path` into the Hugging Face directory `out` (which exists)."""
     require_packages(path)
-    check_gguf_header(path)  # every claimed count within the file's size, before a reader allocates
+    kept = check_gguf_header(path)  # every claimed count within the file's size, before a reader allocates
     with _alone(path) as link:
         try:
             model = AutoModelForCausalLM.from_pretrained(str(link.parent), gguf_file=str(link),
@@ -44,7 +49,28 @@ def convert(path: Path, out: Path) -> None:
             check_readable(path)
             raise UserError(f"{path}: could not convert this GGUF file ({_first_line(e)})") from None
     _as_dense(model).save_pretrained(str(out))  # safetensors, tied embeddings stored once
+    _keep_tokenizer_metadata(tokenizer, kept, path)
     tokenizer.save_pretrained(str(out))
+
+
+def _keep_tokenizer_metadata(tokenizer: Any, kept: dict[str, str | bool], path: Path) -> None:
+    """What transformers' reader drops or may get wrong, from the file's own metadata:
+    - `tokenizer.ggml.pre`, llama.cpp's name for how text is split before the merges ("smollm",
+      "qwen2", ...), kept in tokenizer_config.json (`gguf_pre_tokenizer`, which save_pretrained
+      carries into every checkpoint) so that an export writes the name the model came with;
+    - `tokenizer.ggml.add_bos_token`: the converted tokenizer must put BOS before a text exactly
+      when the file says so (prompt_encoding.py relies on the tokenizer's own behaviour)."""
+    pre = kept.get("tokenizer.ggml.pre")
+    if isinstance(pre, str) and PRE_NAME.fullmatch(pre):
+        tokenizer.init_kwargs["gguf_pre_tokenizer"] = pre
+    wants = kept.get("tokenizer.ggml.add_bos_token")
+    bos = tokenizer.bos_token_id
+    if not isinstance(wants, bool) or bos is None or (special_prefix(tokenizer) == [bos]) == wants:
+        return
+    tokenizer.add_bos_token = wants  # transformers rebuilds the post-processor from this flag
+    if (special_prefix(tokenizer) == [bos]) != wants:
+        print(f"warning: {path}: the file says tokenizer.ggml.add_bos_token={str(wants).lower()}, but its converted "
+              "tokenizer does otherwise; prompts follow the converted tokenizer", flush=True)
 
 
 def require_packages(path: Path) -> None:

@@ -23,7 +23,7 @@ MAX_ARRAY_NESTING = 4
 DEFAULT_ALIGNMENT = 32
 # Value types of the GGUF spec -> their fixed size in bytes (strings and arrays are variable).
 FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-STRING, ARRAY, UINT32 = 8, 9, 4
+STRING, ARRAY, UINT32, BOOL = 8, 9, 4, 7
 
 
 class _Bounded:
@@ -59,9 +59,16 @@ class _Bounded:
         return self.take(self.u64(f"{what}'s length"), what)
 
 
-def check_gguf_header(path: Path) -> None:
+# Metadata read out on the way (short strings and bools only): what the conversion keeps beside the
+# tokenizer that transformers' reader drops (gguf_convert.py).
+KEPT = {b"tokenizer.ggml.pre": STRING, b"tokenizer.ggml.add_bos_token": BOOL}
+MAX_KEPT_STRING = 64
+
+
+def check_gguf_header(path: Path) -> dict[str, str | bool]:
     """Walk the header, metadata and tensor table of the GGUF file at `path` within its size;
-    raise a one-line UserError naming the file and the first claim the file cannot hold."""
+    raise a one-line UserError naming the file and the first claim the file cannot hold. Returns
+    the KEPT metadata the file has, by key."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         r = _Bounded(f, size, path)
@@ -75,6 +82,7 @@ def check_gguf_header(path: Path) -> None:
         if entries * 12 + tensors * 28 > size - r.pos:
             raise r.fail(f"{entries} metadata entries and {tensors} tensors claimed")
         alignment = DEFAULT_ALIGNMENT
+        kept: dict[str, str | bool] = {}
         for _ in range(entries):
             key = r.string("a metadata key")
             kind = r.u32("a value type")
@@ -82,6 +90,12 @@ def check_gguf_header(path: Path) -> None:
                 alignment = r.u32("general.alignment")
                 if alignment == 0 or alignment & (alignment - 1):
                     raise r.fail(f"general.alignment {alignment}, expected a power of two")
+            elif KEPT.get(key) == kind == BOOL:
+                kept[key.decode()] = r.take(1, key.decode()) != b"\0"
+            elif KEPT.get(key) == kind == STRING and (length := r.u64("a string's length")) <= MAX_KEPT_STRING:
+                kept[key.decode()] = r.take(length, key.decode()).decode("utf-8", errors="replace")
+            elif KEPT.get(key) == kind == STRING:
+                r.skip(length, "a string")
             else:
                 _skip_value(r, kind, 0)
         spans = [_tensor_info(r) for _ in range(tensors)]
@@ -90,6 +104,7 @@ def check_gguf_header(path: Path) -> None:
             if data_start + offset + nbytes > size:
                 raise r.fail(f"tensor {name!r} claims bytes {offset}..{offset + nbytes} of a "
                              f"{max(size - data_start, 0)}-byte data section")
+    return kept
 
 
 def _skip_value(r: _Bounded, kind: int, depth: int) -> None:

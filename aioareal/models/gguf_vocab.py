@@ -54,7 +54,7 @@ def vocab_of(tokenizer: Any, rows: int) -> Vocab:
     tokens, types = _token_table(tokenizer, rows, spell)
     if merges == [INERT_MERGE]:
         _place_inert_merge(tokens)
-    return Vocab(tokens=tokens, types=types, merges=merges, pre=_pre_name(backend, merges),
+    return Vocab(tokens=tokens, types=types, merges=merges, pre=_pre_name(tokenizer, backend, merges),
                  special_ids=_special_ids(tokenizer), add_bos=_adds_bos(tokenizer),
                  chat_template=getattr(tokenizer, "chat_template", None) or None)
 
@@ -124,18 +124,23 @@ def _token_table(tokenizer: Any, rows: int, spell) -> tuple[list[str], list[int]
     return tokens, types
 
 
-def _pre_name(backend: dict[str, Any], merges: list[str]) -> str:
-    """llama.cpp's name for how text is split before the merges (no merges: any split is the same)."""
+def _pre_name(tokenizer: Any, backend: dict[str, Any], merges: list[str]) -> str:
+    """llama.cpp's name for how text is split before the merges (no merges: any split is the same):
+    the name the model's own GGUF file gave (kept by gguf_convert.py), else recognised from the split
+    regexes of tokenizer.json, else GPT-2's ("gpt-2": llama.cpp refuses the unhyphenated "gpt2")."""
     text = json.dumps(backend.get("pre_tokenizer"))
     if merges == [INERT_MERGE]:
         return "default"
+    kept = tokenizer.init_kwargs.get("gguf_pre_tokenizer") if hasattr(tokenizer, "init_kwargs") else None
+    if isinstance(kept, str) and kept not in ("", "default") and len(kept) <= 64:
+        return kept
     if LLAMA3_DIGITS.replace("\\", "\\\\") in text:
         return "llama-bpe"
     if QWEN2_DIGITS.replace("\\", "\\\\") in text and "Split" in text:
         return "qwen2"
     if '"Digits"' in text:
         return "smollm"
-    return "gpt2"
+    return "gpt-2"
 
 
 def _special_ids(tokenizer: Any) -> dict[str, int]:

@@ -80,9 +80,11 @@ def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Pr
     chat = data.task.chat if d.chat_template is None else d.chat_template
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
     if isinstance(data.task, RewardedTask):  # evaluation's reward functions get completion_ids too
-        data.task.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        data.task.encode = renderer.encoder.continuation  # type: ignore[attr-defined]
     train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
-    chat = chat and d.prompt_template is None  # what the renderer does: a raw template wins
+    if problem := renderer.check(train[0], train_ids[train[0].uid]):  # the start-up check, before training
+        log(f"warning: prompt check (row {train[0].uid}): {problem}")
+    chat = renderer.templated
     if not data.held_out:
         return Prompts(train, train_ids, EvalSet([], []), chat)
     held_out, ids = encode_prompts(data.held_out, renderer, d.max_prompt_tokens, d.skip_bad_rows, "held-out", log)

@@ -1,5 +1,6 @@
-"""What the run does with each step's report: write the rows, show them, checkpoint on schedule.
-The hooks see plain data (`StepReport`, `RunState`) and a few narrow callables, never the parts."""
+"""What the run does with each step's report: write the rows, show them, checkpoint on schedule,
+and say when the policy is collapsing. The hooks see plain data (`StepReport`, `RunState`) and a
+few narrow callables, never the parts."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
@@ -12,18 +13,63 @@ from ..orchestrator import StepReport
 SaveCheckpoint = Callable[[RunState], Awaitable[None]]
 
 
+class CollapseWatch:
+    """One line, once each, when a step's entropy falls below ENTROPY_FRACTION of the first steps'
+    or the held-out score below half its best (and by at least SCORE_DROP): the signs of a policy
+    collapsing (Gemma 3 270M at lr 1e-5: entropy 2.6 -> 0.6 nats and held-out 0.25 -> 0.02 in ten
+    steps), said while the run can still be stopped with its last good checkpoint."""
+
+    ENTROPY_FRACTION, BASELINE_STEPS, MIN_ENTROPY = 0.35, 3, 0.1
+    SCORE_DROP = 0.1
+
+    def __init__(self) -> None:
+        self.first_entropies: list[float] = []
+        self.best_score: float | None = None
+        self.said: set[str] = set()
+
+    def see(self, row: dict[str, Any]) -> list[str]:
+        lines = []
+        entropy, score, step = row.get("entropy"), row.get("eval_pass_rate"), row.get("step")
+        if isinstance(entropy, (int, float)) and entropy == entropy:
+            if len(self.first_entropies) < self.BASELINE_STEPS:
+                self.first_entropies.append(float(entropy))
+            else:
+                start = sum(self.first_entropies) / len(self.first_entropies)
+                if start > self.MIN_ENTROPY and entropy < self.ENTROPY_FRACTION * start:
+                    lines += self._once("entropy", f"step {step}: entropy {entropy:.2f} nats, {entropy / start:.0%} "
+                                                   f"of the first steps' {start:.2f}")
+        if isinstance(score, (int, float)) and score == score:
+            best = self.best_score
+            if best is not None and score < best / 2 and best - score >= self.SCORE_DROP:
+                lines += self._once("score", f"step {step}: held-out score {score:.3f}, down from its best "
+                                             f"{best:.3f}")
+            self.best_score = score if best is None else max(best, score)
+        return lines
+
+    def _once(self, kind: str, what: str) -> list[str]:
+        if kind in self.said:
+            return []
+        self.said.add(kind)
+        return [f"warning: {what}: the policy may be collapsing; stop the run (Ctrl-C keeps a checkpoint) and "
+                "lower algo.lr or algo.embedding_lr_scale (docs/models.md#gemma-3-270m)"]
+
+
 class RunHooks:
     def __init__(self, write_row: Callable[[dict[str, Any]], None],
                  write_samples: Callable[[list[dict[str, Any]]], None], show: Callable[[StepReport], None],
-                 save: SaveCheckpoint, checkpoint_every: int, steps: int, start_step: int = 0) -> None:
+                 save: SaveCheckpoint, checkpoint_every: int, steps: int, start_step: int = 0,
+                 warn: Callable[[str], None] = print) -> None:
         self.write_row, self.write_samples, self.show, self.save = write_row, write_samples, show, save
         self.checkpoint_every, self.steps = checkpoint_every, steps
         self.last_checkpoint = start_step
+        self.warn, self.collapse = warn, CollapseWatch()
 
     async def on_step(self, report: StepReport) -> None:
         self.write_row(report.row)
         self.write_samples(report.samples)
         self.show(report)
+        for line in self.collapse.see(report.row):
+            self.warn(line)
         step, every = report.step, self.checkpoint_every
         if report.groups and ((every and step % every == 0) or step == self.steps):
             await self._save(report.state)

@@ -141,7 +141,7 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
     save = parts.cell.saver(parts.run_dir, parts.trainer, parts.engine.generator, parts.tokenizer,
                             c.run.keep_checkpoints)
     return RunHooks(write_row, parts.log.samples, show, save, c.run.checkpoint_every, c.train.steps,
-                    parts.start_step)
+                    parts.start_step, warn=lambda line: print(line, flush=True))
 
 
 async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:

@@ -24,6 +24,7 @@ from ..config import Config, ToolsConfig
 from ..episodes import codec_for, load_episode
 from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
 from ..models import eos_token_ids, random_model
+from ..models.prompt_encoding import PromptEncoder
 from ..models.shapes import SHAPES
 from ..models.tokenizer import build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
@@ -49,6 +50,8 @@ def cache_key(config: Config) -> str:
             del warmup[key]
     spec = dict(format=FORMAT, shape=SHAPES["tiny"], warmup=warmup, digits=config.arithmetic.digits,
                 ops=config.arithmetic.ops, eval_size=d.eval_size, shuffle_seed=d.shuffle_seed)
+    if config.arithmetic.max_operand:  # added later: at its default the old keys stay valid
+        spec["max_operand"] = config.arithmetic.max_operand
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -78,8 +81,9 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=0)
     sets = warmup_sets(config)
     train, held_out, extra = sets.train, sets.held_out, sets.extra
-    encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
-    evaluate_now = _evaluator(config, sets.task, EvalSet(held_out, [encode(e.prompt) for e in held_out]), tokenizer,
+    prompt = PromptEncoder(tokenizer)  # raw prompts; answers continue them (models/prompt_encoding.py)
+    encode = prompt.continuation
+    evaluate_now = _evaluator(config, sets.task, EvalSet(held_out, [prompt(e.prompt) for e in held_out]), tokenizer,
                               eos_token_ids(model, tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
@@ -89,7 +93,7 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
         batch = rng.sample(train, w.batch_size - k) + rng.choices(extra, k=k)
         calls = [w.calls] * (w.batch_size - k) + [w.calls and rng.random() < w.extra_calls for _ in range(k)]
         answers = [_answer(e, c, encode, tokenizer.eos_token_id) for e, c in zip(batch, calls)]
-        loss = _sft_loss(model, [encode(e.prompt) for e in batch], [a for a, _ in answers], [t for _, t in answers])
+        loss = _sft_loss(model, [prompt(e.prompt) for e in batch], [a for a, _ in answers], [t for _, t in answers])
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -130,7 +134,7 @@ def warmup_examples(config: Config, pool: int = 50_000) -> tuple[list[Example], 
     w, d, a = config.warmup, config.data, config.arithmetic
     ops = w.ops or a.ops
     if not w.digits:
-        return ArithmeticTask(a.digits, ops, d.eval_size, d.shuffle_seed).splits()
+        return ArithmeticTask(a.digits, ops, d.eval_size, d.shuffle_seed, max_operand=a.max_operand).splits()
     rng = random.Random(d.shuffle_seed)
     seen: dict[tuple[int, str, int], None] = {}  # distinct triples, in the order drawn
     for _ in range(4 * pool):  # bounded: few digits have fewer than `pool` distinct triples

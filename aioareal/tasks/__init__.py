@@ -55,7 +55,7 @@ def _base_task(d: DataConfig, a: ArithmeticConfig, timeout_s: float, rewarded: b
     if d.task in ("file", "hub"):
         return _custom_task(d, timeout_s, rewarded)
     if d.task == "arithmetic":
-        return ArithmeticTask(a.digits, a.ops, d.eval_size, d.shuffle_seed, style=a.style)
+        return ArithmeticTask(a.digits, a.ops, d.eval_size, d.shuffle_seed, style=a.style, max_operand=a.max_operand)
     if d.task == "gsm8k":
         from .gsm8k import GSM8KTask
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import UserError
 from ..io import loads_bounded
+from ..models.prompt_encoding import PromptEncoder
 
 if TYPE_CHECKING:  # not at run time: reward worker processes import tasks without transformers
     from transformers import PreTrainedTokenizerBase
@@ -50,7 +51,13 @@ class PromptRenderer:
             raise UserError("data.chat_template is true but the tokenizer has no chat template; "
                             "set data.chat_template=false or data.prompt_template='...{question}...'")
         self.tokenizer, self.chat, self.system_prompt, self.template = tokenizer, chat, system_prompt, template
+        self.encoder = PromptEncoder(tokenizer)
         self._longest: int | None = None
+
+    @property
+    def templated(self) -> bool:
+        """Whether prompts are rendered through the chat template (a raw template wins over it)."""
+        return self.chat and self.template is None
 
     def text(self, example: Example) -> str:
         if self.template is not None:
@@ -104,7 +111,14 @@ class PromptRenderer:
         return self.encode(self.text(example))
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """A prompt text (from `text`) as the model's tokenizer forms it (models/prompt_encoding.py)."""
+        return self.encoder.encode(text, self.templated)
+
+    def check(self, example: Example, ids: list[int]) -> str | None:
+        """The start-up check: `ids` (the example's prompt as the run encoded it) against the
+        tokenizer's own encoding of the same text; one line naming a difference (a missing or a
+        doubled BOS), else None."""
+        return self.encoder.check(self.text(example), ids, self.templated)
 
     def most_chars(self, tokens: int) -> int:
         """A text longer than this has more than `tokens` tokens, for sure: no token covers more

@@ -82,6 +82,7 @@ def working_copy(model: nn.Module, precision: str, compute_dtype: torch.dtype | 
     if sharded:  # FSDP2 keeps its own mixed precision over the shards
         raise UserError("train.precision=masters runs in one process; under torchrun use train.precision=autocast")
     if any(not p.requires_grad for p in model.parameters()):
-        raise UserError("train.precision=masters is for full fine-tuning; with model.lora_rank the frozen base is "
-                        "already in model.train_dtype: use train.precision=autocast")
+        raise UserError("train.precision=masters is for full fine-tuning; with model.lora_rank (or "
+                        "algo.embedding_lr_scale=0) the frozen weights are already in model.train_dtype: use "
+                        "train.precision=autocast")
     return WorkingCopy(model, compute_dtype)

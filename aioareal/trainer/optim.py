@@ -34,13 +34,42 @@ def adamw_kind(params: Iterable[torch.Tensor]) -> dict[str, bool]:
     return {"fused": True} if fused else {"foreach": True}
 
 
-def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, sharded: bool) -> torch.optim.Optimizer:
-    """The trainer's AdamW over `params`, its moments in fp32 (torch's, fused where it can be) or
-    bf16 (train.optimizer_moments)."""
+def embedding_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The token embedding's weight and the head's, once each (one tensor where they are tied)."""
+    found: list[torch.Tensor] = []
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(model, get, lambda: None)()
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and not any(weight is w for w in found):
+            found.append(weight)
+    return found
+
+
+def freeze_embeddings(model: torch.nn.Module, algo: AlgoConfig) -> None:
+    """algo.embedding_lr_scale=0: the embedding (and the head tied to it) take no gradient at all,
+    which also spares the head's weight gradient, the largest matmul of a big-vocabulary backward."""
+    if algo.embedding_lr_scale == 0:
+        for weight in embedding_weights(model):
+            weight.requires_grad_(False)
+
+
+def param_groups(params: list[torch.Tensor], model: torch.nn.Module, algo: AlgoConfig) -> list[dict]:
+    """One group at algo.lr, and the embedding's at algo.lr x algo.embedding_lr_scale where it differs."""
+    slow = [p for p in params if any(p is w for w in embedding_weights(model))] if algo.embedding_lr_scale != 1 else []
+    rest = [p for p in params if not any(p is w for w in slow)]
+    groups = [{"params": rest, "lr": algo.lr}]
+    return groups + [{"params": slow, "lr": algo.lr * algo.embedding_lr_scale}] if slow else groups
+
+
+def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, sharded: bool,
+                    model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """The trainer's AdamW over `params` of `model`, its moments in fp32 (torch's, fused where it
+    can be) or bf16 (train.optimizer_moments)."""
     settings = {"lr": algo.lr, "betas": (0.9, algo.adam_beta2), "weight_decay": algo.weight_decay}
+    groups = param_groups(params, model, algo) if model is not None else params
     if moments == "float32":
-        return torch.optim.AdamW(params, **settings, **adamw_kind(params))
+        return torch.optim.AdamW(groups, **settings, **adamw_kind(params))
     if sharded:  # FSDP2's sharded checkpoints are tested with torch's AdamW state only
         raise UserError("train.optimizer_moments=bfloat16 runs in one process; under torchrun use float32 "
                         "(FSDP2 already shards the moments across ranks)")
-    return AdamWBf16Moments(params, **settings)
+    return AdamWBf16Moments(groups, **settings)

@@ -25,7 +25,7 @@ from .compiled import layers_compiled
 from .logprobs import TokenLogprobs, token_logprobs
 from .masters import working_copy
 from .objective import Totals, micro_loss
-from .optim import build_optimizer
+from .optim import build_optimizer, freeze_embeddings
 from .prefix_tree import use_tree
 from .stats import StepSums, read_back, step_figures
 from .varlen import use_varlen
@@ -73,6 +73,7 @@ class Trainer:
         self.max_logprob_gap = math.inf  # train.max_logprob_gap, set by run/build.py (step.py checks it)
         self.device = next(model.parameters()).device
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
+        freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.autocast_dtype = autocast_dtype if _autocasts(self.device, autocast_dtype) else None
         # train.precision=masters: forward and backward on a bf16 working copy, the optimizer on the
@@ -80,7 +81,7 @@ class Trainer:
         self.working = working_copy(model, train.precision, self.autocast_dtype, collective.size > 1)
         if self.working is not None:
             self.policy = TokenLogprobs(self.working.model)
-        self.optimizer = build_optimizer(self.params, self.algo, train.optimizer_moments, collective.size > 1)
+        self.optimizer = build_optimizer(self.params, self.algo, train.optimizer_moments, collective.size > 1, model)
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)

@@ -27,6 +27,7 @@ from ..config import Config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from ..models.prompt_encoding import PromptEncoder
 from ..monitor.completions import printable
 from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
 from .eval_command import split_items
@@ -135,6 +136,7 @@ class Conversation:
         self.system = system
         self.history: list[dict[str, str]] = []
         self.eos = eos_token_ids(model, tokenizer)
+        self.encode = PromptEncoder(tokenizer)  # a raw conversation gets the BOS the tokenizer adds
 
     def render(self, prompt: str) -> str:
         if not self.chat:
@@ -145,8 +147,7 @@ class Conversation:
 
     def reply(self, prompt: str) -> str:
         """Stream the model's answer to `prompt` to stdout and remember both turns."""
-        ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False, return_tensors="pt")
-        ids = ids.to(self.model.device)
+        ids = torch.tensor([self.encode(self.render(prompt), self.chat)], device=self.model.device)
         sampled = self.temperature > 0
         with torch.no_grad():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,

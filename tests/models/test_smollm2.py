@@ -12,8 +12,8 @@ import pytest
 import torch
 from engine_helpers import generate, reference_logprobs
 
-from aioareal.bench.peak import bf16_units, cpu_flags
 from aioareal.config import load_config
+from aioareal.devices import bf16_units, cpu_flags
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Group
