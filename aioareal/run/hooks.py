@@ -3,6 +3,8 @@ and say when the policy is collapsing. The hooks see plain data (`StepReport`, `
 few narrow callables, never the parts."""
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,31 +16,30 @@ SaveCheckpoint = Callable[[RunState], Awaitable[None]]
 
 
 class CollapseWatch:
-    """One line, once each, when a step's entropy falls below ENTROPY_FRACTION of the first steps'
-    or the held-out score below half its best (and by at least SCORE_DROP): the signs of a policy
-    collapsing (Gemma 3 270M at lr 1e-5: entropy 2.6 -> 0.6 nats and held-out 0.25 -> 0.02 in ten
-    steps), said while the run can still be stopped with its last good checkpoint."""
+    """One line, once each, when a step's entropy falls below ENTROPY_FRACTION of what it was WINDOW
+    steps before (a cliff, not RL's slow narrowing) or the held-out score below half its best (by at
+    least SCORE_DROP): the signs of a policy collapsing (Gemma 3 270M at lr 1e-5: entropy 2.6 -> 0.6
+    nats and held-out 0.25 -> 0.02 in ten steps), said while the run can still be stopped with its
+    last good checkpoint."""
 
-    ENTROPY_FRACTION, BASELINE_STEPS, MIN_ENTROPY = 0.35, 3, 0.1
+    ENTROPY_FRACTION, WINDOW, MIN_ENTROPY = 0.3, 10, 0.1
     SCORE_DROP = 0.1
 
     def __init__(self) -> None:
-        self.first_entropies: list[float] = []
+        self.entropies: deque[float] = deque(maxlen=self.WINDOW + 1)
         self.best_score: float | None = None
         self.said: set[str] = set()
 
     def see(self, row: dict[str, Any]) -> list[str]:
         lines = []
         entropy, score, step = row.get("entropy"), row.get("eval_pass_rate"), row.get("step")
-        if isinstance(entropy, (int, float)) and entropy == entropy:
-            if len(self.first_entropies) < self.BASELINE_STEPS:
-                self.first_entropies.append(float(entropy))
-            else:
-                start = sum(self.first_entropies) / len(self.first_entropies)
-                if start > self.MIN_ENTROPY and entropy < self.ENTROPY_FRACTION * start:
-                    lines += self._once("entropy", f"step {step}: entropy {entropy:.2f} nats, {entropy / start:.0%} "
-                                                   f"of the first steps' {start:.2f}")
-        if isinstance(score, (int, float)) and score == score:
+        if isinstance(entropy, (int, float)) and math.isfinite(entropy):
+            self.entropies.append(float(entropy))
+            before = self.entropies[0]
+            if before > self.MIN_ENTROPY and entropy < self.ENTROPY_FRACTION * before:
+                lines += self._once("entropy", f"step {step}: entropy {entropy:.2f} nats, {entropy / before:.0%} "
+                                               f"of its {before:.2f} {len(self.entropies) - 1} steps before")
+        if isinstance(score, (int, float)) and math.isfinite(score):
             best = self.best_score
             if best is not None and score < best / 2 and best - score >= self.SCORE_DROP:
                 lines += self._once("score", f"step {step}: held-out score {score:.3f}, down from its best "

@@ -30,6 +30,7 @@ from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
 from ..prompt_stream import PromptSource
 from ..rewards.service import RewardService
+from ..trainer.optim import relative_step_warning
 from .build import (
     build_data,
     build_engine,
@@ -107,6 +108,9 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     engine = build_engine(config, models.gen, eos, max_len, seed=seed, log=log)
     engine = check_engine(config, engine, models.gen, eos, max_len, prompts.train_ids[prompts.train[0].uid], seed, log)
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
+    pretrained = config.model.name != "tiny" and not resume_from  # its weights' scale says what lr does to it
+    if pretrained and (note := relative_step_warning(models.train, config.algo.lr)):
+        log(note)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     kept = KeptCompletions()
     evaluator = kind.evaluator(EvalInputs(cell, config, trainer, prompts.eval_set, data.task, decode, eos, kept))

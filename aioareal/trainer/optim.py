@@ -73,3 +73,33 @@ def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, 
         raise UserError("train.optimizer_moments=bfloat16 runs in one process; under torchrun use float32 "
                         "(FSDP2 already shards the moments across ranks)")
     return AdamWBf16Moments(groups, **settings)
+
+
+# Adam moves each weight by about lr a step whatever the weight's size, so what a learning rate does
+# to a model is lr relative to its weights' typical magnitude. SmolLM2-135M's matrices have mean |w|
+# 0.13-0.16 and learn at lr 1e-5 (relative 7e-5); Gemma 3 270M's are 0.012-0.031, so the same lr is
+# a step 5-12x larger relative to them (4e-4), and it collapses in five steps, embedding frozen or not,
+# where 3e-6 (1.2e-4) learns (docs/log/2026-12-gemma3.md). Past this bound the run says so at start-up.
+MAX_RELATIVE_STEP = 2.5e-4
+
+
+def typical_weight(model: torch.nn.Module) -> float:
+    """Mean |w| over the model's matrices, the token embedding and an untied head left out."""
+    embeddings = embedding_weights(model)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2 and not any(p is e for e in embeddings):
+                total += float(p.detach().abs().float().sum())
+                count += p.numel()
+    return total / count if count else 0.0
+
+
+def relative_step_warning(model: torch.nn.Module, lr: float) -> str | None:
+    """One line when `lr` is past MAX_RELATIVE_STEP of the model's typical weight (pretrained models)."""
+    typical = typical_weight(model)
+    if typical <= 0 or lr / typical <= MAX_RELATIVE_STEP:
+        return None
+    return (f"warning: algo.lr={lr:g} is {lr / typical:.1e} of this model's typical weight (mean |w| {typical:.3f}); "
+            f"Adam moves every weight by about lr a step, and past {MAX_RELATIVE_STEP:g} of it pretrained models have "
+            f"collapsed within a few steps: try algo.lr={typical * MAX_RELATIVE_STEP / 2:.0e}")

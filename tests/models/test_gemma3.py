@@ -27,6 +27,9 @@ pytest.importorskip("gguf")
 CPU = torch.device("cpu")
 QUESTION = "Question: What is 12 plus 7?\nAnswer:"
 BF16_MEAN, BF16_MAX = 0.15, 1.0  # bf16 rounding over 18 layers against the fp32 forward
+GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
+               "m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +90,19 @@ def test_greedy_completions_equal_transformers_generate_and_need_the_bos(gemma, 
         assert group.completions[0].tokens == out[0, len(ours):].tolist()[:len(group.completions[0].tokens)]
     [answer] = generate(engine, [Group(0, PromptEncoder(tokenizer)(QUESTION), size=1)])
     assert "19" in tokenizer.decode(answer.completions[0].tokens)  # "12 + 7 = 19"
+    # A chat prompt, in Gemma's turn format (its base GGUF carries no template): the template renders
+    # <bos> itself, so it is encoded as rendered, as apply_chat_template(tokenize=True) does.
+    tokenizer.chat_template = GEMMA_TURNS
+    messages = [{"role": "user", "content": "What is 12 plus 7?"}]
+    theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ours = PromptEncoder(tokenizer)(rendered, templated=True)
+    assert ours == theirs["input_ids"][0].tolist() and ours.count(tokenizer.bos_token_id) == 1
+    out = fp32.generate(**theirs, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                        pad_token_id=tokenizer.pad_token_id)
+    [group] = generate(engine, [Group(0, ours, size=1)])
+    assert group.completions[0].tokens == out[0, len(ours):].tolist()[:len(group.completions[0].tokens)]
 
 
 def test_question_style_prompts_begin_with_bos_once(gemma):

@@ -1,6 +1,6 @@
 """The collapse warning (run/hooks.py CollapseWatch): one line, once, when a step's entropy falls
-below 35% of the first steps' or the held-out score below half its best; quiet on a run that
-learns, on noise, and on rows without the figures (a resumed run's first rows, nulls, NaN)."""
+below 30% of what it was ten steps before or the held-out score below half its best; quiet on a
+run that learns (entropy narrowing slowly), on noise, and on rows without the figures (nulls, NaN)."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +20,7 @@ def lines(rows: list[dict]) -> list[str]:
 def test_an_entropy_cliff_is_said_once():
     entropies = [2.6, 2.5, 2.7, 2.2, 1.4, 0.8, 0.6, 0.5]
     said = lines([{"step": i + 1, "entropy": e} for i, e in enumerate(entropies)])
-    assert said == ["warning: step 6: entropy 0.80 nats, 31% of the first steps' 2.60: the policy may be collapsing; "
+    assert said == ["warning: step 7: entropy 0.60 nats, 23% of its 2.60 6 steps before: the policy may be collapsing; "
                     "stop the run (Ctrl-C keeps a checkpoint) and lower algo.lr or algo.embedding_lr_scale "
                     "(docs/models.md#gemma-3-270m)"]
 
@@ -31,9 +31,10 @@ def test_a_held_out_fall_is_said_once():
     assert len(said) == 1 and said[0].startswith("warning: step 10: held-out score 0.020, down from its best 0.310")
 
 
-@given(st.lists(st.floats(0.9, 1.1), min_size=1, max_size=40), st.lists(st.floats(0.3, 0.5), max_size=10))
+@given(st.lists(st.floats(0.9, 1.1), min_size=1, max_size=60), st.lists(st.floats(0.3, 0.5), max_size=10))
 def test_a_run_that_learns_or_wanders_is_not_warned(entropies, scores):
-    rows = [{"step": i, "entropy": 2.0 * e} for i, e in enumerate(entropies)]
+    # Entropy narrowing by 5% a step, with noise: a fifth of its start after 30 steps, never a cliff.
+    rows = [{"step": i, "entropy": 2.0 * e * 0.95 ** i} for i, e in enumerate(entropies)]
     rows += [{"step": i, "eval_pass_rate": s} for i, s in enumerate(sorted(scores))]
     assert lines(rows) == []
 

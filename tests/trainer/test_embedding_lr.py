@@ -68,3 +68,19 @@ def test_an_untied_head_is_slowed_with_the_embedding():
 def test_a_negative_scale_is_refused_naming_the_key():
     with pytest.raises(UserError, match="algo.embedding_lr_scale"):
         load_config(overrides=["algo.embedding_lr_scale=-1"])
+
+
+def test_a_learning_rate_large_for_the_weights_scale_is_warned_with_one_that_fits():
+    from aioareal.trainer.optim import MAX_RELATIVE_STEP, relative_step_warning, typical_weight
+
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    typical = typical_weight(model)
+    assert 0 < typical < 0.1
+    note = relative_step_warning(model, 4 * MAX_RELATIVE_STEP * typical)
+    assert note is not None and note.startswith("warning: algo.lr=") and "try algo.lr=" in note
+    suggested = float(note.rsplit("algo.lr=", 1)[1])
+    assert relative_step_warning(model, suggested) is None
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10)  # weights ten times larger: the same lr is a ten times smaller step for them
+    assert relative_step_warning(model, 4 * MAX_RELATIVE_STEP * typical) is None
