@@ -18,6 +18,7 @@ end the prompt before the model's answer.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 PROBE = "a"  # one plain character: every tokenizer encodes it to ordinary ids
@@ -38,7 +39,11 @@ class PromptEncoder:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.prefix = special_prefix(tokenizer)
+
+    @functools.cached_property
+    def prefix(self) -> list[int]:
+        """Probed on first use: a renderer that only renders text never encodes."""
+        return special_prefix(self.tokenizer)
 
     def __call__(self, text: str, templated: bool = False) -> list[int]:
         return self.encode(text, templated)

@@ -63,7 +63,10 @@ def test_the_gradient_is_the_whole_mini_batch_s(objective, agg):
     assert rows_whole == 12 and rows_skip == 12 - 4 - 2  # group 0, and group 2's two samples at its mean
     assert any(g.abs().sum() > 0 for g in grads_whole)
     for a, b in zip(grads_whole, grads_skip):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-8)
+        # Float sums in another order (other micro-batches): on an AVX2 CPU one element of 16,384 of dg's
+        # token-mean gradient differed by 1.4e-8 (4e-5 of it, a sum that nearly cancels); no sample's
+        # contribution is that small, so a missing or doubled sample still fails by far.
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(sums_skip.sums["loss"], sums_whole.sums["loss"], rtol=1e-5, atol=1e-8)
 
 
