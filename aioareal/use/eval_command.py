@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -149,6 +150,8 @@ def held_out(config: Config, tokenizer: Any) -> tuple[Any, list, list[list[int]]
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
     examples, ids = encode_prompts(data.held_out, renderer, d.max_prompt_tokens, d.skip_bad_rows, "held-out",
                                    log=lambda _: None)
+    if problem := renderer.check(examples[0], ids[examples[0].uid]):  # the start-up check, as training's
+        print(f"warning: prompt check (row {examples[0].uid}): {problem}", file=sys.stderr, flush=True)
     return data.task, examples, [ids[e.uid] for e in examples]
 
 

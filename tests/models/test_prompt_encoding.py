@@ -168,3 +168,15 @@ def test_the_warm_up_and_evaluation_prompts_use_the_same_rule(tokenizer):
     example = Example(uid="1", prompt="12+7=", answer="19")
     renderer = PromptRenderer(tokenizer, chat=False)
     assert renderer.ids(example) == PromptEncoder(tokenizer)("12+7=")
+
+
+def test_eval_encodes_held_out_prompts_the_same_way_and_checks_them(monkeypatch, capsys):
+    from aioareal.use.eval_command import held_out
+
+    config = load_config(overrides=["data.chat_template=false", "data.eval_size=8"])
+    _, examples, ids = held_out(config, ADDS_BOS)
+    assert all(row[0] == ADDS_BOS.bos_token_id and row.count(ADDS_BOS.bos_token_id) == 1 for row in ids)
+    assert "prompt check" not in capsys.readouterr().err
+    monkeypatch.setattr(PromptEncoder, "encode", lambda self, text, templated=False: self.continuation(text))
+    held_out(config, ADDS_BOS)
+    assert f"warning: prompt check (row {examples[0].uid}): the prompt lacks <bos>" in capsys.readouterr().err
