@@ -25,6 +25,7 @@ from ..config import Config, RunConfig
 from ..config import GenerationConfig as GenerationSettings  # transformers has a GenerationConfig too
 from ..errors import UserError
 from ..generation import Engine
+from ..generation.forward import kv_bytes_per_token
 from ..group import Group
 from ..run.build import build_engine, context_length
 from .engine_phases import PhaseRounds, phase_figures
@@ -32,7 +33,6 @@ from .harness import (
     alternate,
     build_model,
     environment,
-    kv_bytes_per_token,
     max_peak,
     median_seconds,
     model_label,

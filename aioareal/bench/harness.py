@@ -122,14 +122,6 @@ def parameter_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
-    """K and V of one token in every layer: layers * 2 * kv_heads * head_dim * dtype bytes."""
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return c.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     import transformers
 

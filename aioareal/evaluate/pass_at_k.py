@@ -87,12 +87,13 @@ def completion_figures(prompts: Sequence[PromptVerdicts], suffix: str = "") -> d
     return out
 
 
-def sampled_figures(prompts: Sequence[PromptVerdicts]) -> dict[str, float]:
-    """pass@k and (where answers exist) maj@k for k in `ks_up_to(n)`, n the samples per prompt."""
+def sampled_figures(prompts: Sequence[PromptVerdicts], ks: Sequence[int] | None = None) -> dict[str, float]:
+    """pass@k and (where answers exist) maj@k for each k of `ks` (default `ks_up_to(n)`), n the
+    samples per prompt; a k above n raises (pass@k's estimator is undefined there)."""
     n = min((len(p.passed) for p in prompts), default=0)
     out: dict[str, float] = {}
     with_answers = bool(prompts) and all(len(p.answers) == len(p.passed) for p in prompts)
-    for k in ks_up_to(n):
+    for k in ks_up_to(n) if ks is None else ks:
         _put(out, f"pass@{k}", [pass_at_k(n, sum(p.passed[:n]), k) for p in prompts])
         if with_answers:
             _put(out, f"maj@{k}", [float(maj_at_k(p.answers, p.passed, k)) for p in prompts])

@@ -14,11 +14,17 @@ from transformers import PreTrainedModel
 
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
+from ..generation.forward import kv_bytes_per_token
+from ..generation.turns import StopStrings
 from ..group import Completion, Group
 from ..rewards.service import RewardService
 from ..tasks.base import Example
 
 MAX_SLOTS = 256  # KV-cache slots of one engine: enough to batch a whole small set at once
+# The cache's bound: long prompts (lm-eval's 5-shot GSM8K, about 900 tokens) get fewer slots, so
+# SmolLM2-135M in fp32 holds about 40 of them, not 256 (14 GB), on a machine of 24 GB.
+KV_BUDGET_BYTES = 2 << 30
+MIN_SHARED_PREFIX = 16  # tokens all prompts share before the engine computes them once (EngineOptions.prompt_prefix)
 Progress = Callable[[int], None]  # called with the number of prompts just finished
 
 
@@ -34,13 +40,17 @@ class Scored:
 
 def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[list[int]], examples: Sequence[Example],
              size: int, params: SamplingParams, seed: int, progress: Progress,
-             backend: str = "auto") -> list[list[Completion]]:
+             backend: str = "auto", stop: StopStrings | None = None) -> list[list[Completion]]:
     """`size` completions of every prompt, in prompt order, by `backend` (generation.backend:
-    generation/backends.py); `progress` hears of each finished prompt."""
+    generation/backends.py), each ending at EOS, the length limit or one of the `stop` strings;
+    `progress` hears of each finished prompt."""
     max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
-    slots = max(size, min(MAX_SLOTS, size * len(prompt_ids)))
+    fit = KV_BUDGET_BYTES // (max_len * kv_bytes_per_token(model, next(model.parameters()).dtype))
+    slots = max(size, min(MAX_SLOTS, size * len(prompt_ids), fit))
     # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/fusion.py).
-    engine = make_engine(model, eos_ids, EngineOptions(slots, max_len, params, seed=seed, fuse=False), backend)
+    options = EngineOptions(slots, max_len, params, seed=seed, fuse=False, stop=stop,
+                            prompt_prefix=tuple(common_prefix(prompt_ids)))
+    engine = make_engine(model, eos_ids, options, backend)
     for i, (ids, example) in enumerate(zip(prompt_ids, examples)):
         engine.submit(Group(i, ids, size, example))
     done: dict[int, list[Completion]] = {}
@@ -51,6 +61,17 @@ def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[li
         if finished:
             progress(len(finished))
     return [done[i] for i in range(len(prompt_ids))]
+
+
+def common_prefix(prompts: Sequence[list[int]], least: int = MIN_SHARED_PREFIX) -> list[int]:
+    """The token ids every prompt starts with, and goes past (empty when fewer than `least`):
+    the few-shot context of lm-eval's prompts, a chat template's system turn."""
+    if not prompts:
+        return []
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for ids in prompts[1:]:
+        n = next((i for i in range(n) if ids[i] != first[i]), n)
+    return first[:n] if n >= least else []
 
 
 def score(service: RewardService, decode: Callable[[list[int]], str], completions: list[list[Completion]],

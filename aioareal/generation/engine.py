@@ -72,7 +72,7 @@ class Engine(QueueFront):
             self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.num_slots = num_slots
-        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens)
+        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens, o.stop)
         self.next_token = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self.position = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self.live = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
@@ -87,6 +87,8 @@ class Engine(QueueFront):
         self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
         self.shared_prefix = o.shared_prefix and not graphs and not o.compile and self.fwd.shares_prefix
         self.layout: PrefixLayout | None = None  # the last shared-prefix layout, reused while unchanged
+        self.prompt_prefix = list(o.prompt_prefix)
+        self.prefix_kv: KVCache | None = None  # the prompt prefix's K/V under this version's weights
         if self.stream is not None:
             # The cache, the state tensors and maybe the model were just written on the caller's
             # stream (the trainer's thread builds engines for evaluation); ours must see them.
@@ -101,6 +103,7 @@ class Engine(QueueFront):
             self.stream.wait_event(ready)
         self.version = version
         self.fwd.linear.drop()  # weights packed for the CPU (packed.py) are the old version's
+        self.prefix_kv = None  # and so is the prompt prefix's K/V
         if self.running:
             self.stale_cache = self.recompute_kv
 
@@ -197,10 +200,28 @@ class Engine(QueueFront):
     def _prefill_part(self, units: list[Group | TurnRequest], slots: torch.Tensor) -> torch.Tensor:
         """One forward over units of one size, K/V into their `slots`; their rows' hidden states."""
         prompts = [g.prompt_ids for g in units]
+        start = self._place_prefix(prompts, slots)
+        prompts = [p[start:] for p in prompts]
         # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
         lengths = upload([len(p) for p in prompts], self.device)
         tokens, copies = upload_padded(prompts, self.device), units[0].size
-        return self.fwd.prefill(self.cache, tokens, lengths, slots, copies).repeat_interleave(copies, 0)
+        return self.fwd.prefill(self.cache, tokens, lengths, slots, copies, start).repeat_interleave(copies, 0)
+
+    def _place_prefix(self, prompts: list[list[int]], slots: torch.Tensor) -> int:
+        """Where every prompt starts with the engine's `prompt_prefix` (and goes past it), copy the
+        prefix's K/V into their slots, computed once per version, and return its length: the
+        prefill starts there. Otherwise 0: the whole prompts are prefilled."""
+        p = len(self.prompt_prefix)
+        if not p or any(len(ids) <= p or ids[:p] != self.prompt_prefix for ids in prompts):
+            return 0
+        if self.prefix_kv is None:
+            self.prefix_kv = self.fwd.new_cache(1)
+            ids = upload_padded([self.prompt_prefix], self.device)
+            self.fwd.prefill(self.prefix_kv, ids, upload([p], self.device), upload([0], self.device))
+        for i in range(len(self.cache.k)):
+            self.cache.k[i][slots, :p] = self.prefix_kv.k[i][0, :p]
+            self.cache.v[i][slots, :p] = self.prefix_kv.v[i][0, :p]
+        return p
 
     def _decode(self) -> torch.Tensor:
         n = max(self.running) + 1

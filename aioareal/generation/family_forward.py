@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from ..models.attention import short_attention
 from .families import logit_transform
-from .forward import _HAS_GQA, FastForward, KVCache, check_supported, matmul_attention_pays
+from .forward import _HAS_GQA, FastForward, KVCache, check_supported, matmul_attention_pays, prefill_positions
 from .fusion import FusedLinear, fuse
 from .layer_plan import LayerPlan, is_plain, layer_plans
 from .prefix import PrefixLayout
@@ -134,22 +134,22 @@ class FamilyForward(FastForward):
 
     # -- passes ----------------------------------------------------------------------------------
     def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
-                slots: torch.Tensor, copies: int = 1) -> torch.Tensor:
+                slots: torch.Tensor, copies: int = 1, start: int = 0) -> torch.Tensor:
         """As FastForward.prefill, each layer by its plan."""
         n, t = tokens.shape
-        pos = torch.arange(t, device=tokens.device).expand(n, t)
-        valid = pos < lengths[:, None]  # (n, T)
-        idx = torch.arange(t, device=tokens.device)
-        distance = idx[:, None] - idx[None, :]  # query minus key position, (T, T)
+        pos, distance, key_valid = prefill_positions(t, start, lengths)
         eye = distance == 0
-        masks = {w: ((_in_window(distance, w)[None] & valid[:, None, :]) | eye)[:, None] for w in self.windows}
+        masks = {w: ((_in_window(distance, w)[None] & key_valid[:, None, :]) | eye)[:, None] for w in self.windows}
         write_slots = slots.view(n, copies, 1).expand(n, copies, t)
         write_pos = pos[:, None, :].expand(n, copies, t)
+        first = slots.view(n, copies)[:, 0]
         h, ropes = self._embed(tokens), self._ropes(pos)
         for i, plan in enumerate(self.plans):
             q, k, v = self._plan_qkv(i, plan, h, ropes)
             cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
             cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
+            if start:
+                k, v = cache.k[i][first, :start + t], cache.v[i][first, :start + t]
             h = self._plan_rest(i, plan, h, self._plan_attend(plan, q, k, v, masks[plan.window]))
         last = (lengths - 1).clamp(min=0)
         return h[torch.arange(n, device=h.device), last]

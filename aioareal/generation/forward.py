@@ -46,6 +46,27 @@ def check_supported(config, max_len: int) -> None:
         raise UserError(f"model: {reason}")
 
 
+def kv_bytes_per_token(model: PreTrainedModel, dtype: torch.dtype) -> int:
+    """K and V of one token in every layer: layers * 2 * kv_heads * head_dim * dtype bytes."""
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    return c.num_hidden_layers * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def prefill_positions(t: int, start: int, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prefill of right-padded rows of `t` tokens from position `start` (the keys before it a shared
+    prefix already cached): the rows' positions (n, T), query minus key position (T, start + T), and
+    which keys each row holds (n, start + T): the prefix's and its own up to its length."""
+    device = lengths.device
+    idx = torch.arange(t, device=device)
+    keys = torch.arange(start + t, device=device)
+    pos = (idx + start).expand(lengths.shape[0], t)
+    distance = (idx + start)[:, None] - keys[None, :]
+    key_valid = (keys[None, :] < start) | (keys[None, :] - start < lengths[:, None])
+    return pos, distance, key_valid
+
+
 class KVCache:
     """Per-layer key and value tensors, (slots, max_len, kv_heads, head_dim) each."""
 
@@ -177,18 +198,18 @@ class FastForward:
 
     # -- passes ----------------------------------------------------------------------------------
     def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
-                slots: torch.Tensor, copies: int = 1) -> torch.Tensor:
-        """Run right-padded prompts tokens (n, T) from position 0; write their K/V into `copies`
+                slots: torch.Tensor, copies: int = 1, start: int = 0) -> torch.Tensor:
+        """Run right-padded prompts tokens (n, T) from position `start`; write their K/V into `copies`
         consecutive rows of `slots` (n * copies,) each; return hidden states at each prompt's last
         token (n, hidden). One forward serves a whole group (prefill once, share:
-        docs/architecture.md#performance-habits)."""
+        docs/architecture.md#performance-habits). With `start` > 0 the slots already hold a shared
+        prompt prefix's K/V at [0, start) (the engine's `prompt_prefix`) and the tokens continue it."""
         n, t = tokens.shape
-        pos = torch.arange(t, device=tokens.device).expand(n, t)
-        valid = pos < lengths[:, None]  # (n, T)
-        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
-        mask = (causal[None] & valid[:, None, :])[:, None]  # (n, 1, T, T)
+        pos, distance, key_valid = prefill_positions(t, start, lengths)
+        mask = ((distance >= 0)[None] & key_valid[:, None, :])[:, None]  # (n, 1, T, start + T)
         write_slots = slots.view(n, copies, 1).expand(n, copies, t)
         write_pos = pos[:, None, :].expand(n, copies, t)
+        first = slots.view(n, copies)[:, 0]  # where a row's whole context is read back from, with a prefix
         h = self.model.model.embed_tokens(tokens)
         rope = self._rope_tables(pos)
         for i, layer in enumerate(self.layers):
@@ -196,6 +217,8 @@ class FastForward:
             q, k, v = self._qkv(i, layer, x, rope)
             cache.k[i][write_slots, write_pos] = k[:, None].expand(n, copies, *k.shape[1:])
             cache.v[i][write_slots, write_pos] = v[:, None].expand(n, copies, *v.shape[1:])
+            if start:
+                k, v = cache.k[i][first, :start + t], cache.v[i][first, :start + t]
             h = h + self.linear.module(layer.self_attn.o_proj, self._attend(q, k, v, mask))
             h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         last = (lengths - 1).clamp(min=0)

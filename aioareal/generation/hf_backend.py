@@ -60,7 +60,7 @@ class HFEngine(QueueFront):
         self.num_slots = num_slots
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens)
+        self.sched = Scheduler(num_slots, eos_ids, max_len, params.max_new_tokens, o.stop)
         self.cohorts: list[Cohort] = []
         self.version = 0
         self.stale_cache = False

@@ -9,6 +9,7 @@ import torch
 from ..config.schema import GenerationConfig
 from .fused_sampling import fused_sampler_enabled
 from .sampling import SamplingParams
+from .turns import StopStrings
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,8 @@ class EngineOptions:
     trains. `overlap`: launch each step before reading the previous one's tokens (engine.py); True,
     False or "auto" (on for CUDA). `fused_sampler`: the compiled sampler that reads the logits once
     (fused_sampling.py). `shared_prefix`: decode with each group's prompt keys read once (prefix.py);
-    eager only. The HF fallback (hf_backend.py) reads the sizes, `params`, `seed`, `recompute_kv` and
-    `timed`."""
+    eager only. The HF fallback (hf_backend.py) reads the sizes, `params`, `seed`, `recompute_kv`,
+    `timed` and `stop`."""
 
     num_slots: int  # sequences decoded at once (KV-cache slots)
     max_len: int  # prompt + completion tokens a slot holds
@@ -33,6 +34,10 @@ class EngineOptions:
     overlap: bool | str = "auto"
     fused_sampler: bool = False
     shared_prefix: bool = False
+    stop: StopStrings | None = None  # strings that end a plain group's sequence (eval's lm-eval protocol)
+    # Token ids every prompt is expected to start with (eval's few-shot context, a long system prompt):
+    # their K/V is computed once and copied into each slot, and only the rest of a prompt is prefilled.
+    prompt_prefix: tuple[int, ...] = ()
 
 
 def engine_options(g: GenerationConfig, num_slots: int, max_len: int, seed: int, device: torch.device,

@@ -13,11 +13,12 @@ from collections import deque
 from ..group import Group
 from .inflight import StepOutput
 from .sequence import GroupTally, Running
-from .turns import TurnEnds, TurnRequest
+from .turns import StopStrings, TurnEnds, TurnRequest
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, eos_ids: list[int], max_len: int, max_new_tokens: int) -> None:
+    def __init__(self, num_slots: int, eos_ids: list[int], max_len: int, max_new_tokens: int,
+                 stop: StopStrings | None = None) -> None:
         self.free: list[int] = list(range(num_slots))  # slots the host knows are free (a min-heap)
         self.waiting: deque[Group | TurnRequest] = deque()
         # Sequences the host has not yet seen finish; with overlap, some may have finished in the
@@ -33,6 +34,7 @@ class Scheduler:
         self.decode_tokens = 0
         self.turns = TurnEnds()  # episodes' sequences whose turn ended, for Engine.take_turns
         self.paused: list[int] = []  # slots a stop string ended in the last bookkeeping: the device must clear them
+        self.stop = stop  # stop strings of plain groups (an episode's turn brings its own)
 
     def admit(self) -> tuple[list[Group | TurnRequest], list[Running]]:
         """Host side of admission: waiting groups (and episodes' turns) that fit take slots, oldest first."""
@@ -116,7 +118,7 @@ class Scheduler:
         length = len(c.tokens)
         if r.stop_on_eos and token in self.eos_set:
             c.finish_reason = "stop"
-        elif r.turn is not None and r.turn.stop is not None and r.turn.stop.hit(c.tokens, r.turn_start):
+        elif (stop := self.stop if r.turn is None else r.turn.stop) is not None and stop.hit(c.tokens, r.turn_start):
             c.finish_reason = "stop_string"  # the host's rule alone: the device's live is cleared after
             self.paused.append(r.slot)
         elif length >= r.limit:

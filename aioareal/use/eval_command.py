@@ -1,11 +1,14 @@
-"""`python -m aioareal eval TARGET [TARGET ...] [-n K] [--temperature T] [section.key=value ...]`.
+"""`python -m aioareal eval TARGET [TARGET ...] [--protocol P[,P]] [-n K] [--k K[,K]] [section.key=value ...]`.
 
 Scores each target (targets.py: a run, a checkpoint, a model) on the held-out prompts of the run's
-data keys: one greedy completion per prompt, and with -n K also K sampled ones, on the generation
-engine, through the reward service (evaluate/scored_completions.py). Prints one table, the targets side by side
-(`eval BASE RUN`: before and after), writes every completion to OUT/eval.jsonl and the figures to
-OUT/figures.json, and prints the figures' JSON line last. The figures: evaluate/pass_at_k.py;
-docs/evaluate.md says what each means."""
+data keys, by each protocol asked for:
+- `zero-shot` (the default): the prompts as training renders them, one greedy completion each, and with
+  -n K also K sampled ones, scored by the task's grader through the reward service
+  (evaluate/scored_completions.py), as training scores;
+- `lm-eval`: GSM8K as lm-evaluation-harness scores it, 5-shot, greedy (evaluate/lm_eval.py).
+Prints one table, the targets side by side (`eval BASE RUN`: before and after), a section per
+protocol; writes every completion to OUT/eval.jsonl and the figures to OUT/figures.json, and prints
+the figures' JSON line last. The figures: evaluate/pass_at_k.py; docs/evaluate.md says what each means."""
 from __future__ import annotations
 
 import argparse
@@ -19,18 +22,22 @@ from typing import Any
 from ..config import Config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
+from ..evaluate import lm_eval
 from ..evaluate.answers import answer_reader
-from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, sampled_figures
+from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, ks_up_to, mean_se, sampled_figures
 from ..evaluate.scored_completions import Scored, generate, score
 from ..generation import SamplingParams
+from ..generation.turns import StopStrings
 from ..io import append_jsonl, atomic_write_text
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from ..models.prompt_encoding import PromptEncoder
 from ..run.build import build_data, build_rewards, encode_prompts
 from ..tasks import PromptRenderer
-from .eval_report import Progress, json_line, table
+from .eval_report import Progress, json_line, sections, table
 from .targets import Target, model_source, resolve, target_config
 
 OVERRIDE = re.compile(r"[a-z_]+\.[a-z_0-9]+=")  # section.key=value, as training takes it
+PROTOCOLS = ("zero-shot", "lm-eval")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,7 +48,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="+", metavar="TARGET",
                    help="a run dir, a checkpoint dir, or a model (tiny, smollm2-135m-instruct, gemma3-270m, a dir, "
                    "a .gguf)")
+    p.add_argument("--protocol", default="zero-shot", metavar="P[,P]",
+                   help="how to prompt and score, comma-separated: zero-shot (the run's prompts and grader; "
+                   "default), lm-eval (GSM8K 5-shot as lm-evaluation-harness scores it: model cards' figure)")
     p.add_argument("-n", type=int, default=0, metavar="K", help="sampled completions per prompt (0: greedy only)")
+    p.add_argument("--k", metavar="K[,K]", help="the k of pass@k and maj@k, comma-separated, each at most -n "
+                   "(default: the powers of two below -n, and -n)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for -n (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for -n (default 1.0)")
     p.add_argument("--max-new-tokens", type=int, help="completion limit (default eval.max_new_tokens, "
@@ -74,6 +86,11 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UserError(f"-n must be >= 0 (0: greedy only), got {args.n}")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be > 0 and --top-p in (0, 1]")
+    args.protocols = parse_protocols(args.protocol)
+    args.ks = parse_ks(args.k, args.n)
+    if args.n and "zero-shot" not in args.protocols:
+        raise UserError(f"-n {args.n}: sampled completions belong to the zero-shot protocol; add it "
+                        f"(--protocol zero-shot,{args.protocol}) or drop -n")
     targets = [resolve(name) for name in names]
     config, start = target_config(targets, args.config, overrides)
     if config.data.episode:
@@ -86,13 +103,15 @@ def run_eval(args: argparse.Namespace) -> int:
     with (out / "eval.jsonl").open("w", encoding="utf-8") as records:
         for target in targets:
             columns.append(evaluate_target(target, config, start, args, new_tokens, records))
-    figures = {"task": config.data.task, "n": args.n, "temperature": args.temperature if args.n else None,
-               "max_new_tokens": new_tokens, "targets": columns}
+    figures = {"task": config.data.task, "protocols": args.protocols, "n": args.n,
+               "temperature": args.temperature if args.n else None, "ks": args.ks,
+               "max_new_tokens": new_tokens if "zero-shot" in args.protocols else None,
+               "targets": columns}
     line = json_line(figures)
     atomic_write_text(out / "figures.json", line + "\n")
-    print(table(columns, args.n))
+    print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
-        if column["reward_failures"]:
+        if column.get("reward_failures"):
             print(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, hung "
                   "past reward.timeout_s or returned garbage) and scored 0")
     print(f"completions: {out / 'eval.jsonl'}; figures: {out / 'figures.json'}")
@@ -102,16 +121,27 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def evaluate_target(target: Target, config: Config, start: Config, args: argparse.Namespace, new_tokens: int,
                     records: Any) -> dict[str, Any]:
-    """Generate, score and summarise one target; its completions are appended to `records`
-    (`start`: the config without overrides, for the `tiny` target's warm-start)."""
+    """Generate, score and summarise one target by each protocol; its completions are appended to
+    `records` (`start`: the config without overrides, for the `tiny` target's warm-start)."""
     source = model_source(target, start)
     m = config.model
     device = resolve_device(config.rollout.gen_device, "gen")
     tokenizer = load_tokenizer(source, m.trust_remote_code)
     model = load_model(source, resolve_dtype(m.dtype, device), device, m.trust_remote_code, allow_pickle=m.allow_pickle)
+    eos = eos_token_ids(model, tokenizer)
+    figures: dict[str, Any] = {"target": target.label, "model": source}
+    if "zero-shot" in args.protocols:
+        figures.update(zero_shot(target, config, args, new_tokens, records, model, tokenizer, eos))
+    if "lm-eval" in args.protocols:
+        figures.update(lm_eval_figures(target, config, args, records, model, tokenizer, eos))
+    return figures
+
+
+def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_tokens: int, records: Any, model: Any,
+              tokenizer: Any, eos: list[int]) -> dict[str, Any]:
+    """The run's own held-out prompts and grader: greedy, and with -n K sampled."""
     task, examples, ids = held_out(config, tokenizer)
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-    eos = eos_token_ids(model, tokenizer)
     service = build_rewards(config, task, decode)
     phases = [("greedy", 1, SamplingParams(greedy=True, max_new_tokens=new_tokens))]
     if args.n:
@@ -128,13 +158,85 @@ def evaluate_target(target: Target, config: Config, start: Config, args: argpars
                 for phase, scored in results.items()}
     append_jsonl(records, [row for phase, scored in results.items()
                            for row in rows_of(target.label, examples, scored, verdicts[phase], phase == "greedy")])
-    figures: dict[str, Any] = {"target": target.label, "model": source, "prompts": len(examples),
-                               "reward_failures": sum(failures.values())}
+    figures: dict[str, Any] = {"prompts": len(examples), "reward_failures": sum(failures.values())}
     figures.update(completion_figures(verdicts["greedy"], "_greedy"))
     if args.n:
         figures.update(completion_figures(verdicts[f"n={args.n}"]))
-        figures.update(sampled_figures(verdicts[f"n={args.n}"]))
+        figures.update(sampled_figures(verdicts[f"n={args.n}"], args.ks))
     return figures
+
+
+def lm_eval_figures(target: Target, config: Config, args: argparse.Namespace, records: Any, model: Any,
+                    tokenizer: Any, eos: list[int]) -> dict[str, Any]:
+    """GSM8K as lm-evaluation-harness scores it (evaluate/lm_eval.py): strict and flexible exact match."""
+    examples, prompts = lm_eval_set(config)
+    encoder = PromptEncoder(tokenizer)
+    ids = [encoder.encode(text) for text in prompts]
+    stop = StopStrings(lm_eval.STOP, lambda t: tokenizer.decode(t, skip_special_tokens=False))
+    progress = Progress(f"{target.label} lm-eval", len(examples))
+    params = SamplingParams(greedy=True, max_new_tokens=lm_eval.MAX_NEW_TOKENS)
+    completions = generate(model, eos, ids, examples, 1, params, args.seed, progress, stop=stop)
+    progress.close()
+    rows, strict, flexible, lengths, cut = [], [], [], [], []
+    for example, (completion,) in zip(examples, completions):
+        text = lm_eval.cut_at_stop(tokenizer.decode(completion.tokens, skip_special_tokens=True))
+        answers = lm_eval.strict_answer(text), lm_eval.flexible_answer(text)
+        passed = [lm_eval.matches(a, example.answer) for a in answers]
+        strict.append(float(passed[0]))
+        flexible.append(float(passed[1]))
+        lengths.append(float(len(completion.tokens)))
+        cut.append(float(completion.finish_reason == "length"))
+        rows.append({"target": target.label, "protocol": "lm-eval", "prompt_id": example.uid, "greedy": True,
+                     "sample": 0, "text": text, "strict": answers[0], "flexible": answers[1],
+                     "passed_strict": passed[0], "passed_flexible": passed[1], "reference": example.answer,
+                     "length": len(completion.tokens), "truncated": completion.finish_reason == "length"})
+    append_jsonl(records, rows)
+    figures: dict[str, Any] = {"lm-eval_prompts": len(examples)}
+    for name, values in (("strict", strict), ("flexible", flexible), ("length_mean", lengths), ("truncated", cut)):
+        figures[f"lm-eval_{name}"], figures[f"lm-eval_{name}_se"] = mean_se(values)
+    return figures
+
+
+def lm_eval_set(config: Config) -> tuple[list, list[str]]:
+    """The held-out GSM8K examples and their 5-shot prompts, the shots the first train rows."""
+    d = config.data
+    if d.task != "gsm8k":
+        raise UserError(f"--protocol lm-eval scores GSM8K (data.task=gsm8k), not data.task={d.task}")
+    if d.path is None and d.eval_path is not None:
+        raise UserError("--protocol lm-eval takes its 5 shots from GSM8K's train rows: set data.path to the "
+                        "train file (data.eval_path holds the test rows)")
+    data = build_data(config, log=lambda _: None)
+    task = getattr(data.task, "task", data.task)  # reward functions wrap the task
+    if len(data.train) < lm_eval.SHOTS or not data.held_out:
+        raise UserError(f"--protocol lm-eval needs {lm_eval.SHOTS} train rows and a held-out row; "
+                        f"data.path gave {len(data.train)} and {len(data.held_out)}")
+    question = lambda e: str(e.row[task.question_field]).strip()  # noqa: E731
+    shots = [(question(e), e.answer) for e in data.train[:lm_eval.SHOTS]]
+    return data.held_out, [lm_eval.prompt(shots, question(e)) for e in data.held_out]
+
+
+def parse_protocols(value: str) -> list[str]:
+    names = [p.strip() for p in value.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PROTOCOLS]
+    if unknown or not names:
+        raise UserError(f"--protocol {value}: expected one or more of {', '.join(PROTOCOLS)}, comma-separated")
+    return list(dict.fromkeys(names))
+
+
+def parse_ks(value: str | None, n: int) -> list[int]:
+    """The k of pass@k and maj@k: each 1 <= k <= n (k samples cannot be drawn from fewer)."""
+    if value is None:
+        return ks_up_to(n)
+    try:
+        ks = sorted({int(k) for k in value.split(",")})
+    except ValueError:
+        raise UserError(f"--k {value}: expected whole numbers, comma-separated (e.g. --k 1,4,8)") from None
+    if not n:
+        raise UserError(f"--k {value}: pass@k and maj@k need sampled completions; add -n {max(ks)}")
+    if ks[0] < 1 or ks[-1] > n:
+        raise UserError(f"--k {value}: each k must be between 1 and -n {n} (pass@{ks[-1]} needs at least "
+                        f"{ks[-1]} samples a prompt)")
+    return ks
 
 
 def held_out(config: Config, tokenizer: Any) -> tuple[Any, list, list[list[int]]]:
@@ -165,7 +267,7 @@ def verdicts_of(group: list[Scored], threshold: float, read: Any) -> PromptVerdi
 def rows_of(label: str, examples: list, scored: list[list[Scored]], verdicts: list[PromptVerdicts],
             greedy: bool) -> list[dict[str, Any]]:
     """eval.jsonl: one row per completion."""
-    return [{"target": label, "prompt_id": ex.uid, "greedy": greedy, "sample": i, "text": s.text,
-             "reward": s.reward, "passed": v.passed[i], "answer": v.answers[i] if v.answers else None,
+    return [{"target": label, "protocol": "zero-shot", "prompt_id": ex.uid, "greedy": greedy, "sample": i,
+             "text": s.text, "reward": s.reward, "passed": v.passed[i], "answer": v.answers[i] if v.answers else None,
              "reference": ex.answer, "prompt": ex.prompt, "length": s.length, "truncated": s.truncated}
             for ex, group, v in zip(examples, scored, verdicts) for i, s in enumerate(group)]

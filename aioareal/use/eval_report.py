@@ -44,14 +44,20 @@ class Progress:
             self._bar.stop()
 
 
-def metric_rows(n: int, with_answers: bool) -> list[tuple[str, str]]:
-    """(figure name, row label) in the table's order."""
+Section = tuple[str, list[tuple[str, str]]]  # a title line, then (figure name, row label) rows
+LM_EVAL_ROWS = [("lm-eval_strict", "strict-match"), ("lm-eval_flexible", "flexible-extract"),
+                ("lm-eval_length_mean", "length, greedy"), ("lm-eval_truncated", "cut off, greedy")]
+
+
+def metric_rows(n: int, with_answers: bool, ks: list[int] | None = None) -> list[tuple[str, str]]:
+    """The zero-shot protocol's (figure name, row label) in the table's order."""
+    ks = ks_up_to(n) if ks is None else ks
     rows = [("pass@1_greedy", "pass@1 greedy")]
     if n:
         rows.append(("pass@1", f"pass@1 sampled (n={n})"))
-        rows += [(f"pass@{k}", f"pass@{k}") for k in ks_up_to(n) if k > 1]
+        rows += [(f"pass@{k}", f"pass@{k}") for k in ks if k > 1]
         if with_answers:
-            rows += [(f"maj@{k}", f"maj@{k}") for k in ks_up_to(n)]
+            rows += [(f"maj@{k}", f"maj@{k}") for k in ks]
         rows += [("reward_mean", "reward, sampled"), ("length_mean", "length, sampled"),
                  ("truncated", "cut off, sampled")]
     return rows + [("reward_mean_greedy", "reward, greedy"), ("length_mean_greedy", "length, greedy"),
@@ -62,22 +68,52 @@ def cell(figures: dict[str, Any], name: str) -> str:
     value, se = figures.get(name), figures.get(name + "_se")
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    spec = ".1f" if name.startswith("length") else ".3f"
+    spec = ".1f" if "length" in name else ".3f"
     if se is None or math.isnan(se):
         return format(value, spec)
     return f"{value:{spec}} ± {se:{spec}}"
 
 
-def table(columns: list[dict[str, Any]], n: int) -> str:
-    """One row per figure, one column per target (mean ± standard error over prompts)."""
-    with_answers = any("maj@1" in c for c in columns)
-    rows = metric_rows(n, with_answers)
-    body = [[label] + [cell(c, name) for c in columns] for name, label in rows]
+def sections(args: Any, config: Any, new_tokens: int, columns: list[dict[str, Any]]) -> list[Section]:
+    """The table's sections, one per protocol asked for, each titled with how it prompted and decoded."""
+    from ..evaluate import lm_eval
+
+    first = columns[0] if columns else {}
+    out: list[Section] = []
+    for protocol in args.protocols:
+        if protocol == "zero-shot":
+            sampled = f", {args.n} sampled at T={args.temperature:g} top-p={args.top_p:g}" if args.n else ""
+            title = (f"zero-shot: the run's prompts ({prompt_style(config)}) and grader; greedy{sampled}; "
+                     f"up to {new_tokens} new tokens; {first.get('prompts', 0)} prompts")
+            out.append((title, metric_rows(args.n, any("maj@1" in c for c in columns), args.ks)))
+        else:
+            title = (f"lm-eval: GSM8K {lm_eval.SHOTS}-shot (the first train rows), no chat template; greedy, "
+                     f"stops at {lm_eval.STOP[0]}; up to {lm_eval.MAX_NEW_TOKENS} new tokens; "
+                     f"{first.get('lm-eval_prompts', 0)} prompts")
+            out.append((title, LM_EVAL_ROWS))
+    return out
+
+
+def prompt_style(config: Any) -> str:
+    d = config.data
+    template = {True: "chat template", False: "no chat template", None: "the task's template"}[d.chat_template]
+    return template + (", system prompt" if d.system_prompt else "")
+
+
+def table(columns: list[dict[str, Any]], n: int, parts: list[Section] | None = None) -> str:
+    """One row per figure, one column per target (mean ± standard error over prompts), in one section
+    per protocol (default: the zero-shot rows alone, untitled)."""
+    if parts is None:
+        parts = [("", metric_rows(n, any("maj@1" in c for c in columns)))]
     head = ["figure"] + [str(c["target"]) for c in columns]
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
-             for r in [head, *body]]
-    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+    bodies = [[[label] + [cell(c, name) for c in columns] for name, label in rows] for _, rows in parts]
+    widths = [max(len(r[i]) for r in [head, *(row for body in bodies for row in body)]) for i in range(len(head))]
+    line = lambda r: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))  # noqa: E731
+    top = line(head)
+    out = [top, "-" * len(top)]
+    for (title, _), body in zip(parts, bodies):
+        out += ([title] if title else []) + [line(r) for r in body]
+    return "\n".join(out)
 
 
 def json_line(figures: dict[str, Any]) -> str:

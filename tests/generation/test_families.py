@@ -242,3 +242,29 @@ def test_the_startup_check_catches_a_broken_family_layer_and_auto_falls_back(mon
     backend = checked(Engine(model, [], options), model, prompt, "auto", lambda: HFEngine(model, [], options),
                       lines.append)
     assert isinstance(backend, HFEngine) and len(lines) == 1 and "start-up check" in lines[0]
+
+
+def prefixed_groups(prefix: list[int], sizes: list[int], seed: int = 0) -> list[Group]:
+    """Groups whose prompts start with `prefix` (then 1 to 6 random ids), and a last one that does not."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = [Group(gid, prefix + torch.randint(4, 100, (int(torch.randint(1, 7, (1,), generator=gen)),),
+                                                generator=gen).tolist(), size=size) for gid, size in enumerate(sizes)]
+    return groups + [Group(len(sizes), [5, 6, 7], size=1)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2-window", "gemma2", "gemma3"])
+def test_a_shared_prompt_prefix_is_computed_once_and_changes_no_logprob(family):
+    """EngineOptions.prompt_prefix: prompts that start with it prefill only their rest, over the
+    prefix's K/V computed once per version (the prefix is longer than the window, so windowed layers
+    see across its end); the log-probs are the model's own, before and after a weight update."""
+    model = family_model(family)
+    before = copy.deepcopy(model)
+    prefix = torch.randint(4, 100, (7,), generator=torch.Generator().manual_seed(3)).tolist()
+    engine = engine_for(model, prompt_prefix=tuple(prefix))
+    starts: list[int] = []
+    place = engine._place_prefix
+    engine._place_prefix = lambda prompts, slots: starts.append(place(prompts, slots)) or starts[-1]
+    results = generate(engine, prefixed_groups(prefix, [2, 3, 1, 2, 3]), new_weights_after(4))
+    assert 7 in starts and 0 in starts  # the prefix served the prefixed groups; the last was prefilled whole
+    assert {v for r in results for c in r.completions for v in c.versions} == {0, 1}
+    assert_matches_reference(results, {0: before, 1: model})
