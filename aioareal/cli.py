@@ -216,6 +216,7 @@ def print_keys(section: str = "") -> None:
 # still appears (with its name only), so `--help` lists whatever `commands()` holds.
 SUMMARIES = {"train": "train (the default: `python -m aioareal [flags] [key=value ...]`)",
              "warmup": "train the tiny model's supervised warm-start only",
+             "sft": "supervised fine-tuning on demonstrations, the stage before RL",
              "config": "print the resolved config (--keys [SECTION]: every key; --sources: where each came from)",
              "bench": "benchmarks (generation, training, rewards, ...)",
              "simulate": "model a run on GPUs this machine does not have",
@@ -233,7 +234,7 @@ def commands() -> dict[str, Callable[[list[str]], int]]:
 
             return getattr(importlib.import_module(module, __package__), name)(a)
         return run
-    return {"train": cmd_train, "warmup": cmd_warmup, "config": cmd_config,
+    return {"train": cmd_train, "warmup": cmd_warmup, "sft": lazy(".run.sft", "main"), "config": cmd_config,
             "plot": lazy(".experiments.commands", "cmd_plot"), "report": lazy(".experiments.commands", "cmd_report"),
             "sweep": lazy(".experiments.commands", "cmd_sweep"), "bench": lazy(".bench", "main"),
             "simulate": lazy(".simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),

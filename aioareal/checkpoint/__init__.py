@@ -26,6 +26,7 @@ from .atomic import (
                     restore,
                     restore_rng,
                     rng_state,
+                    run_policy,
                     save,
                     temp_dir,
                     write_policy,
@@ -34,4 +35,4 @@ from .atomic import (
 __all__ = ["ADAPTER_DIR", "DONE_FILE", "POLICY_DIR", "PREFIX", "SHARDS", "RunState", "begin", "broken_checkpoints",
            "check_readable", "checkpoint_dir", "clear_done", "commit", "is_done", "latest_checkpoint",
            "latest_readable", "list_checkpoints", "load_rng", "load_state", "load_trainer_state", "mark_done",
-           "restore", "restore_rng", "rng_state", "save", "temp_dir", "write_policy"]
+           "restore", "restore_rng", "rng_state", "run_policy", "save", "temp_dir", "write_policy"]

@@ -106,6 +106,15 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
     return None
 
 
+def run_policy(run_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """The policy of a run's latest readable checkpoint: what model.name=RUN starts from (an `sft` run)."""
+    latest = latest_readable(run_dir, log)
+    if latest is None:
+        raise UserError(f"model.name={run_dir}: the run has no readable checkpoint to start from")
+    log(f"model: {latest / POLICY_DIR}")
+    return latest / POLICY_DIR
+
+
 def broken_checkpoints(run_dir: Path) -> list[Path]:
     """Checkpoints `latest_readable` found unreadable and moved aside."""
     root = checkpoint_dir(run_dir)

@@ -21,7 +21,8 @@ from . import atomic as checkpoint
 # checkpoint reshards to another number of ranks, whose count config.yaml only records).
 SAFE_TO_CHANGE = {"train.steps", "run.dashboard", "run.checkpoint_every", "run.keep_checkpoints", "eval.every",
                   "reward.workers", "reward.isolation", "run.run_dir", "dist.timeout_s", "dist.backend",
-                  "dist.world_size", "run.trackers", "run.tracker_project", "run.wandb_mode"}
+                  "dist.world_size", "run.trackers", "run.tracker_project", "run.wandb_mode",
+                  "sft.steps", "sft.eval_every"}
 AUTO = "auto"  # --resume auto --run-dir DIR: continue DIR if it holds a run, else start it
 
 

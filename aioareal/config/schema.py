@@ -11,6 +11,7 @@ from typing import Literal
 
 from .algo import AlgoConfig
 from .fields import check, doc
+from .sft_section import SFTConfig
 from .tools import ToolsConfig
 from .train_section import TrainConfig
 from .warmup_section import WarmupConfig
@@ -271,5 +272,6 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from .. import checkpoint
 from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.reduce import LOCAL, Collective
@@ -59,12 +60,14 @@ def build_data(config: Config, log: Log) -> Data:
 
 
 def model_path(config: Config, log: Log) -> str:
-    """Where the policy loads from: the warm-started tiny model (trained once, cached) or model.name."""
-    if config.model.name == "tiny":
+    """The warm-started tiny model (cached), a run directory's latest policy (an `sft` run), or model.name."""
+    name = config.model.name
+    if name == "tiny":
         from .warmup import ensure_tiny  # the warm-start trains a model: imported only when needed
-
         return str(ensure_tiny(config, log))
-    return config.model.name
+    run = Path(name)
+    is_run = (run / "config.yaml").is_file() and checkpoint.checkpoint_dir(run).is_dir()
+    return str(checkpoint.run_policy(run, log)) if is_run else name
 
 
 @dataclass

@@ -4,7 +4,9 @@ Random weights earn no reward, so RL cannot start from them. Like an instruct mo
 the tiny model is first taught the task's format and a little skill by supervised training on
 the arithmetic *training* split, and stopped as soon as its held-out greedy pass rate reaches
 `warmup.target_pass_rate` (default 0.3): good enough for RL to find rewarded samples, far from
-solved. The result is saved with `save_pretrained` and loaded like any hub model.
+solved. It is the `sft` stage's loss on the stage's demonstrations (run/sft.py), with its own
+sampling of sums and its stopping rule; the result is saved with `save_pretrained` and loaded like
+any hub model.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ..models.shapes import SHAPES
 from ..models.tokenizer import build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
 from ..tasks.base import Example
+from ..trainer.supervised import Demo, completion_loss
 from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
@@ -93,7 +96,9 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
         batch = rng.sample(train, w.batch_size - k) + rng.choices(extra, k=k)
         calls = [w.calls] * (w.batch_size - k) + [w.calls and rng.random() < w.extra_calls for _ in range(k)]
         answers = [_answer(e, c, encode, tokenizer.eos_token_id) for e, c in zip(batch, calls)]
-        loss = _sft_loss(model, [prompt(e.prompt) for e in batch], [a for a, _ in answers], [t for _, t in answers])
+        demos = [Demo(prompt(e.prompt), a, t) for e, (a, t) in zip(batch, answers)]
+        loss, tokens = completion_loss(model, demos, torch.device("cpu"))  # the sft stage's loss (run/sft.py)
+        loss = loss / tokens
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -192,20 +197,3 @@ def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenize
     setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), quiet, lambda _: None)
     budget = config.generation.max_new_tokens
     return lambda model: evaluate_episodes(setup, model, eval_set, task.score, eos, budget)["eval_pass_rate"]
-
-
-def _sft_loss(model, prompts: list[list[int]], answers: list[list[int]],
-              taught: list[list[bool]] | None = None) -> torch.Tensor:
-    """Mean next-token loss on the answer tokens only (the prompt is context, not a target; so are
-    the answer's tokens `taught` marks False: a tool's result)."""
-    rows = [p + a for p, a in zip(prompts, answers)]
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    target_mask = torch.zeros(len(rows), width - 1)
-    for i, (p, r) in enumerate(zip(prompts, rows)):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask = [1.0] * (len(r) - len(p)) if taught is None else [float(m) for m in taught[i]]
-        target_mask[i, len(p) - 1: len(r) - 1] = torch.tensor(mask)
-    logits = model(ids).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return -(logp * target_mask).sum() / target_mask.sum()

@@ -79,7 +79,7 @@ def test_help_lists_every_registered_subcommand(capsys):
 def test_unknown_subcommand_is_one_line_naming_the_commands(capsys):
     assert main(["trian"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: unknown command 'trian' (commands: train, warmup, config,") and "export" in err
+    assert err.startswith("error: unknown command 'trian' (commands: train, warmup, sft, config,") and "export" in err
     assert len(err.splitlines()) == 1
 
 
