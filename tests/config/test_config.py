@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from aioareal.config import load_config
@@ -67,3 +69,10 @@ def test_lists_from_cli():
 @pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", True), ("false", False)])
 def test_generation_overlap_takes_a_bool_or_auto(value, expected):
     assert load_config(overrides=[f"generation.overlap={value}"]).generation.overlap == expected
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(str(path))
+    assert config.model.name

@@ -173,3 +173,27 @@ def test_a_demonstrations_file_trains(tmp_path):
     code = main(["sft", "--run-dir", str(run), *RANDOM, f"sft.path={rows}", "sft.eval_size=8", "sft.steps=3",
                  "data.chat_template=false"])
     assert code == 0 and [r["step"] for r in metrics(run)] == [0, 1, 2, 3]
+
+
+def test_rl_on_gsm8k_rows_starts_from_an_sft_run_and_logs_reward(tmp_path):
+    """The two stages of configs/smollm2-gsm8k-cpu.yaml, on the tiny model and the committed slice: an
+    SFT run on GSM8K's solutions, then a short RL run from it (model.name=RUN) on GSM8K rows, graded
+    by the GSM8K grader, with a held-out check at its start and end."""
+    from aioareal.run.recipe import train
+
+    gsm8k = ["data.task=gsm8k", f"data.path={SLICE / 'train.jsonl'}", f"data.eval_path={SLICE / 'test.jsonl'}",
+             "data.chat_template=false", "data.prompt_template={question}\nAnswer:", "data.max_prompt_tokens=1000"]
+    first = tmp_path / "sft"
+    sft(load_config(None, [*RANDOM, *gsm8k, "sft.steps=2", "sft.max_tokens=1000", f"run.run_dir={first}"]),
+        log=lambda _: None)
+    second = tmp_path / "rl"
+    said: list[str] = []
+    config = load_config(None, [*gsm8k, f"model.name={first}", "train.steps=2", "algo.group_size=2",
+                                "algo.batch_groups=2", "generation.max_new_tokens=8", "data.eval_size=4",
+                                "eval.every=0", "run.dashboard=off", f"run.run_dir={second}"])
+    train(config, log=said.append, printer=lambda row: None)
+    rows = metrics(second)
+    assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows if "reward_mean" in r)
+    assert sum("eval_pass_rate" in r for r in rows) >= 2
+    assert any(str(first / "checkpoints" / "step-000002" / "policy") in line for line in said)
