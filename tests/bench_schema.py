@@ -90,12 +90,13 @@ GEN = {
     "engine_roofline_frac": nullable(POSITIVE), "generate_roofline_frac": nullable(POSITIVE),
     "engine_ceiling_tok_s": nullable(POSITIVE), "engine_peak_mem_gb": nullable(POSITIVE),
     "generate_peak_mem_gb": nullable(POSITIVE), "fused": FLAG, "overlap": FLAG, "shared_prefix": FLAG,
-    **PEAK, **{f"{phase}_{k}": kind for phase in ("decode", "prefill")
+    "common_prefix": COUNT, **PEAK, **{f"{phase}_{k}": kind for phase in ("decode", "prefill")
                for k, kind in (("tokens", SIZE), ("s", POSITIVE))},
     **phase_figures("decode"), **phase_figures("prefill"),
 }
 GEN_COMPARE_FUSION = {"unfused_s_rounds": list_of(POSITIVE), "unfused_tok_s": POSITIVE, "fused_vs_unfused": POSITIVE}
 GEN_COMPARE_OVERLAP = {"overlap_on_tok_s": POSITIVE, "overlap_off_tok_s": POSITIVE, "overlap_vs_plain": POSITIVE}
+GEN_COMPARE_COMMON_PREFIX = {"whole_prompts_tok_s": POSITIVE, "prefix_vs_whole": POSITIVE}
 GEN_COMPARE_SHARED_PREFIX = {"shared_on_tok_s": POSITIVE, "shared_off_tok_s": POSITIVE, "shared_vs_plain": POSITIVE}
 
 TRAIN_VARIANTS = ("packed_chunked", "packed_naive", "padded_chunked")

@@ -71,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-shared-prefix", action="store_true",
                    help="also time an engine with the other shared-prefix setting in the same rounds "
                         "(shared_vs_plain; pass --no-cuda-graphs so both decode eagerly)")
+    p.add_argument("--common-prefix", type=int, default=0, metavar="N",
+                   help="N random tokens every prompt starts with, before its own --prompt-len (a few-shot "
+                        "context): the engine prefills them once (EngineOptions.prompt_prefix)")
+    p.add_argument("--compare-common-prefix", action="store_true",
+                   help="also time an engine that prefills every prompt whole, in the same rounds (prefix_vs_whole)")
     p.add_argument("--peak-gbps", type=float, default=None,
                    help="device peak memory bandwidth in GB/s (default: looked up for H100/H200/A100)")
     add_peak_argument(p)
@@ -80,6 +85,8 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("prompts", "samples", "prompt_len", "new_tokens", "repeats"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.common_prefix < 0 or (args.compare_common_prefix and not args.common_prefix):
+        raise UserError(f"--common-prefix must be >= 0, and > 0 with --compare-common-prefix; got {args.common_prefix}")
     if args.slots and args.slots < args.samples:
         raise UserError(f"--slots {args.slots} cannot hold one group of --samples {args.samples}")
     if args.compare_fusion and not args.fuse:
@@ -130,6 +137,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dtype = pick_dtype(args.dtype, device)
     model = build_model(args.model, dtype, device, args.seed).eval()
     prompts = random_prompts(model, args.prompts, args.prompt_len, args.seed)
+    prefix = random_prompts(model, 1, args.common_prefix, args.seed + 1)[0] if args.common_prefix else None
+    if prefix is not None:
+        prompts = torch.cat([prefix.expand(args.prompts, -1), prompts], dim=1)
     sequences = args.prompts * args.samples
     slots = args.slots or sequences
     graphs = args.cuda_graphs and device.type == "cuda"
@@ -138,18 +148,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  overlap="auto" if args.overlap is None else args.overlap,
                                                  shared_prefix=args.shared_prefix),
                      run=RunConfig(seed=args.seed))
-    max_len = context_length(model, args.prompt_len, args.new_tokens, "--prompt-len + --new-tokens")
+    max_len = context_length(model, args.common_prefix + args.prompt_len, args.new_tokens,
+                             "--common-prefix + --prompt-len + --new-tokens")
+    shared = tuple(prefix.tolist()) if prefix is not None else ()
     # Timed, as in a run: its decode and prefill seconds per round (engine_phases.py).
-    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=True, fuse=args.fuse)
+    engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=True, fuse=args.fuse,
+                          prefix=shared)
     config = generate_config(model, args.samples, args.new_tokens)
     prompt_rows, prompts_dev = prompts.tolist(), prompts.to(device)
     print(f"bench gen: {model_label(args.model)} on {device} ({str(dtype).replace('torch.', '')}), "
-          f"{args.prompts} prompts x {args.samples} samples, {args.prompt_len}-token prompts, "
+          f"{args.prompts} prompts x {args.samples} samples, {args.common_prefix + args.prompt_len}-token prompts, "
           f"{args.new_tokens} new tokens, {slots} slots, 1 warm-up + {args.repeats} rounds", flush=True)
     phases, probe = PhaseRounds(engine), PeakProbe.for_device(device, args.peak_size)
     contenders = {"engine": phases.wrap(lambda: run_engine(engine, prompt_rows, args.samples, args.new_tokens)),
                   "generate": lambda: run_generate(model, prompts_dev, config)}
-    contenders.update(twins(args, setting, engine, model, max_len, prompt_rows))
+    contenders.update(twins(args, setting, engine, model, max_len, prompt_rows, shared))
     contenders.update({PROBE: probe} if probe else {})  # the CPU's peak, in the same rounds as the phases
     runs = alternate(contenders, args.repeats, device)
     peaks = peaks_of(probe, runs, device, args.peak_size)
@@ -168,6 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         other = runs["prefix_flipped"][-1].result / median_seconds(runs["prefix_flipped"])
         on, off = (result["engine_tok_s"], other) if engine.shared_prefix else (other, result["engine_tok_s"])
         result["shared_on_tok_s"], result["shared_off_tok_s"], result["shared_vs_plain"] = on, off, ratio(on, off)
+    result["common_prefix"] = args.common_prefix
+    if args.compare_common_prefix:
+        whole = runs["whole_prompts"][-1].result / median_seconds(runs["whole_prompts"])
+        result["whole_prompts_tok_s"], result["prefix_vs_whole"] = whole, ratio(result["engine_tok_s"], whole)
     if args.compare_fusion:
         result["unfused_s_rounds"] = [m.seconds for m in runs["unfused"]]
         result["unfused_tok_s"] = runs["unfused"][-1].result / median_seconds(runs["unfused"])
@@ -177,15 +194,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def twins(args: argparse.Namespace, setting: Config, engine: Engine, model: PreTrainedModel, max_len: int,
-          prompt_rows: list[list[int]]) -> dict[str, Callable[[], Any]]:
+          prompt_rows: list[list[int]], shared: tuple[int, ...]) -> dict[str, Callable[[], Any]]:
     """Engines timed beside the main one in the same rounds: unfused, overlap flipped, shared
     prefix flipped. Each is a second engine on the same model; with fusion its build re-points the
     parameters at a fresh fused copy, while the first engine keeps computing from its own (the
     same values)."""
     out = {}
 
-    def twin(name: str, config: Config, fuse: bool) -> None:
-        other = build_engine(config, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=fuse)
+    def twin(name: str, config: Config, fuse: bool, prefix: tuple[int, ...] = shared) -> None:
+        other = build_engine(config, model, eos_ids(model), max_len, compile=args.compile, timed=False, fuse=fuse,
+                             prefix=prefix)
         out[name] = lambda: run_engine(other, prompt_rows, args.samples, args.new_tokens)
 
     g = setting.generation
@@ -195,6 +213,8 @@ def twins(args: argparse.Namespace, setting: Config, engine: Engine, model: PreT
         twin("flipped", replace(setting, generation=replace(g, overlap=not engine.overlap)), args.fuse)
     if args.compare_shared_prefix:
         twin("prefix_flipped", replace(setting, generation=replace(g, shared_prefix=not g.shared_prefix)), args.fuse)
+    if args.compare_common_prefix:
+        twin("whole_prompts", setting, args.fuse, ())
     return out
 
 
@@ -254,6 +274,9 @@ def report(r: dict[str, Any]) -> None:
     if "shared_vs_plain" in r:
         print(f"  prefix    {r['shared_on_tok_s']:>10.0f} tok/s shared, {r['shared_off_tok_s']:.0f} plain; "
               f"shared / plain {r['shared_vs_plain']:.2f}x")
+    if "prefix_vs_whole" in r:
+        print(f"  common    {r['engine_tok_s']:>10.0f} tok/s, the {r['common_prefix']}-token prefix prefilled once, "
+              f"{r['whole_prompts_tok_s']:.0f} whole; once / whole {r['prefix_vs_whole']:.2f}x")
     if "fused_vs_unfused" in r:
         print(f"  unfused   {r['unfused_tok_s']:>10.0f} tok/s; fused / unfused {r['fused_vs_unfused']:.2f}x")
     if r["engine_peak_mem_gb"] is not None:

@@ -194,22 +194,22 @@ def engine_context(config: Config, model: PreTrainedModel, prompts: Prompts) -> 
 
 def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len: int,
                  compile: bool | None = None, timed: bool = True, seed: int | None = None,
-                 fuse: bool = True, log: Log | None = None, backend: str | None = None) -> Backend:
+                 fuse: bool = True, log: Log | None = None, backend: str | None = None,
+                 prefix: tuple[int, ...] = ()) -> Backend:
     """The generation engine; `timed` records its phases for the metrics (a benchmark of the
     engine alone turns that off: on CUDA it costs two events per phase per step); `seed`: the
     sampling seed (default run.seed; each torchrun rank has its own); `fuse`: fused q/k/v and
-    gate/up projections (generation/fusion.py; `model` must be the generator's own copy).
-    `backend` (default generation.backend) picks the engine or the HF fallback (generation/
-    backends.py); `log` hears, once, that a model runs on the fallback."""
+    gate/up projections (generation/fusion.py; `model` must be the generator's own copy); `prefix`:
+    EngineOptions.prompt_prefix. `backend` (default generation.backend): the engine or the HF
+    fallback (generation/backends.py); `log` hears, once, that a model runs on the fallback."""
     g, a = config.generation, config.algo
-    backend = backend or g.backend
-    kind, reason = choose(model, backend, max_len)
+    kind, reason = choose(model, backend or g.backend, max_len)
     if kind == "hf" and log is not None:
         log(fallback_line(model, reason or ""))
-    options = engine_options(g, a.batch_groups * a.group_size, max_len, config.run.seed if seed is None else seed,
-                             next(model.parameters()).device, timed)
-    return make_engine(model, eos, replace(options, compile=g.compile if compile is None else compile, fuse=fuse),
-                       backend)
+    options = replace(engine_options(g, a.batch_groups * a.group_size, max_len, config.run.seed if seed is None else
+                                     seed, next(model.parameters()).device, timed),
+                      compile=g.compile if compile is None else compile, fuse=fuse, prompt_prefix=prefix)
+    return make_engine(model, eos, options, backend or g.backend)
 
 
 def check_engine(config: Config, engine: Backend, model: PreTrainedModel, eos: list[int], max_len: int,

@@ -38,6 +38,7 @@ from .targets import Target, model_source, resolve, target_config
 
 OVERRIDE = re.compile(r"[a-z_]+\.[a-z_0-9]+=")  # section.key=value, as training takes it
 PROTOCOLS = ("zero-shot", "lm-eval")
+CUT_OFF_WARNING = 0.5  # a zero-shot score with this share of its greedy answers cut short measures the limit
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,6 +112,10 @@ def run_eval(args: argparse.Namespace) -> int:
     atomic_write_text(out / "figures.json", line + "\n")
     print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
+        if column.get("truncated_greedy", 0) >= CUT_OFF_WARNING:
+            print(f"warning: {column['target']}: {column['truncated_greedy']:.0%} of the greedy completions were cut "
+                  f"off at {new_tokens} new tokens; raise --max-new-tokens (or eval.max_new_tokens) to score "
+                  "whole answers")
         if column.get("reward_failures"):
             print(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, hung "
                   "past reward.timeout_s or returned garbage) and scored 0")

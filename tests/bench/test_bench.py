@@ -72,6 +72,13 @@ def test_gen_compares_shared_prefix_and_plain_decode(capsys, tmp_path):
     assert r["shared_prefix"] is True and r["engine_tokens"] == 2 * 3 * 4
 
 
+def test_gen_compares_a_common_prefix_prefilled_once_and_whole_prompts(capsys, tmp_path):
+    r = run_bench(capsys, tmp_path, "gen", "--prompts", "3", "--samples", "2", "--prompt-len", "4",
+                  "--new-tokens", "3", "--repeats", "1", "--common-prefix", "20", "--compare-common-prefix")
+    schema.check(r, schema.GEN, schema.GEN_COMPARE_COMMON_PREFIX)
+    assert r["common_prefix"] == 20 and r["engine_tokens"] == 3 * 2 * 3
+
+
 def test_gen_compares_overlap_on_and_off(capsys, tmp_path):
     r = run_bench(capsys, tmp_path, "gen", "--prompts", "2", "--samples", "2", "--prompt-len", "4",
                   "--new-tokens", "3", "--repeats", "1", "--compare-overlap")

@@ -158,3 +158,12 @@ def test_a_chosen_k_is_reported_alone(tiny_model_path, tmp_path):
     code, out = run_eval("tiny", "-n", "4", "--k", "1,3", "data.eval_size=4", "--out", str(tmp_path))
     column = json.loads(out.splitlines()[-1])["targets"][0]
     assert code == 0 and "pass@3" in column and "pass@2" not in column and "pass@4" not in column
+
+
+def test_a_score_of_answers_cut_short_says_so(tiny_model_path, tmp_path):
+    """One new token cuts every sum's answer short: the figure measures the limit, and a line says so."""
+    code, out = run_eval("tiny", "data.eval_size=6", "--max-new-tokens", "1", "--out", str(tmp_path))
+    assert code == 0
+    assert "warning: tiny: 100% of the greedy completions were cut off at 1 new tokens" in out
+    code, out = run_eval("tiny", "data.eval_size=6", "--out", str(tmp_path / "whole"))
+    assert code == 0 and "cut off at" not in out
