@@ -174,15 +174,19 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int
     return model.to(device)
 
 
+# The chat templates' end-of-turn tokens (ChatML's, Gemma's, Llama 3's, Phi-3's): a model in a chat ends its
+# reply with one, which is not always its tokenizer's EOS (Gemma 3's is <eos>, its turns end <end_of_turn>).
+END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+
+
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Every token that ends a completion: the tokenizer's EOS, the model's, and chat end-of-turn."""
     ids: set[int] = set()
     for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
         if source is not None:
             ids.update(source if isinstance(source, (list, tuple)) else [source])
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    if im_end is not None:
-        ids.add(im_end)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[token] for token in END_OF_TURN if token in vocab)
     if not ids:
         raise UserError("the tokenizer and model define no end-of-sequence token; set one in the tokenizer config")
     return sorted(ids)
