@@ -7,9 +7,8 @@ Both produce exactly `--new-tokens` tokens per sequence: the engine through forc
 masks EOS until the end). The engine prefills each prompt once and shares its KV cache across the G
 samples; `generate()` gets `num_return_sequences=G`, which expands the prompts before prefill.
 
-Besides the bandwidth roofline (roofline.py), the engine's decode and prefill phases, timed by its
-own phase timer, as FLOP/s and fractions of the matmul peak of the model's dtype (engine_phases.py,
-flops.py; peak.py measures the CPU's).
+Besides the bandwidth roofline (roofline.py), the engine's decode and prefill phases, timed by its own
+phase timer, as FLOP/s and fractions of the dtype's matmul peak (engine_phases.py, flops.py, peak.py).
 """
 from __future__ import annotations
 
@@ -172,7 +171,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     args.prompt_len + args.new_tokens / 2)
     result.update(phase_figures(model, phases, args.prompts, args.samples, args.prompt_len, result["engine_tokens"],
                                 dtype, peaks, roof))
-    result["fused"] = engine.fwd.fused  # what the engine did: fusion is skipped where unsafe
+    add_comparisons(result, args, engine, runs)
+    report(result)
+    return result
+
+
+def add_comparisons(result: dict[str, Any], args: argparse.Namespace, engine: Engine, runs: dict) -> None:
+    """What the engine did (fusion is skipped where unsafe), and each twin's figures against it."""
+    result["fused"] = engine.fwd.fused
     result["overlap"] = engine.overlap
     if args.compare_overlap:
         add_overlap_comparison(result, engine.overlap, runs)
@@ -189,8 +195,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["unfused_s_rounds"] = [m.seconds for m in runs["unfused"]]
         result["unfused_tok_s"] = runs["unfused"][-1].result / median_seconds(runs["unfused"])
         result["fused_vs_unfused"] = ratio(result["engine_tok_s"], result["unfused_tok_s"])
-    report(result)
-    return result
 
 
 def twins(args: argparse.Namespace, setting: Config, engine: Engine, model: PreTrainedModel, max_len: int,

@@ -191,6 +191,7 @@ def _optimizer_step(model: Any, optimizer: torch.optim.Optimizer, params: list[t
     """One step over the batch, gradients accumulated over micro-batches, the loss a mean over all of
     the batch's completion tokens (each token weighs the same, whichever micro-batch holds it)."""
     tokens = sum(len(d.completion) if d.taught is None else sum(d.taught) for d in demos)
+    demos = sorted(demos, key=lambda d: len(d.prompt) + len(d.completion))  # micro-batches of like lengths pad less
     total = 0.0
     optimizer.zero_grad(set_to_none=True)
     for i in range(0, len(demos), config.sft.micro_batch):
