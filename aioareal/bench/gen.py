@@ -147,8 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                  overlap="auto" if args.overlap is None else args.overlap,
                                                  shared_prefix=args.shared_prefix),
                      run=RunConfig(seed=args.seed))
-    max_len = context_length(model, args.common_prefix + args.prompt_len, args.new_tokens,
-                             "--common-prefix + --prompt-len + --new-tokens")
+    max_len = context_length(model, args.common_prefix + args.prompt_len, args.new_tokens, "the prompts + --new-tokens")
     shared = tuple(prefix.tolist()) if prefix is not None else ()
     # Timed, as in a run: its decode and prefill seconds per round (engine_phases.py).
     engine = build_engine(setting, model, eos_ids(model), max_len, compile=args.compile, timed=True, fuse=args.fuse,
@@ -167,9 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     peaks = peaks_of(probe, runs, device, args.peak_size)
     result = summarise(args, model, dtype, device, slots, graphs, runs, engine.cache.bytes(), peaks.gbps)
     result.update(peaks.fields())
+    prompt_len = args.common_prefix + args.prompt_len  # the context decode reads, the shared part included
     roof = Roofline(parameter_bytes(model), kv_bytes_per_token(model, dtype), min(slots, args.prompts * args.samples),
-                    args.prompt_len + args.new_tokens / 2)
-    result.update(phase_figures(model, phases, args.prompts, args.samples, args.prompt_len, result["engine_tokens"],
+                    prompt_len + args.new_tokens / 2)
+    result.update(phase_figures(model, phases, args.prompts, args.samples, prompt_len, result["engine_tokens"],
                                 dtype, peaks, roof))
     add_comparisons(result, args, engine, runs)
     report(result)

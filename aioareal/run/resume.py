@@ -8,8 +8,10 @@ from typing import Any
 
 from ..checkpoint.ownership import own_run_dir, release_run_dir
 from ..checkpoint.resume_plan import decide, resume_config
+from ..errors import UserError
 from .cell import Cell, current_cell
 from .recipe import train
+from .sft import SFT_MARKER
 
 
 def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[str, Any] | None = None,
@@ -35,6 +37,9 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
 def _owned_decision(run_dir: Path, config: Any, log: Callable[[str], None]) -> tuple[str, Path | None]:
     own_run_dir(run_dir)
     try:
+        if (run_dir / SFT_MARKER).is_file():
+            raise UserError(f"--resume {run_dir}: an sft run; continue it with python -m aioareal sft --resume "
+                            f"{run_dir}, or start RL from it with model.name={run_dir}")
         return decide(run_dir, config.train.steps, log)
     except BaseException:
         release_run_dir(run_dir)

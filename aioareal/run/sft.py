@@ -17,6 +17,7 @@ moment neither loses nor repeats a step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import re
@@ -36,15 +37,18 @@ from ..config import Config, load_config, save_config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..models import load_model, load_tokenizer, resolve_dtype
+from ..models.load_policy import END_OF_TURN
 from ..monitor.metrics import RunLog
 from ..tasks import PromptRenderer
 from ..tasks.base import Example
 from ..tasks.rows import field_value, read_file
 from ..trainer.optim import build_optimizer, freeze_embeddings
 from ..trainer.supervised import Demo, completion_loss
+from ..trainer.trainer import _autocasts
 from .build import build_data, model_path, task_from
 
 Log = Callable[[str], None]
+SFT_MARKER = "SFT"  # in an sft run's directory: `sft --resume` continues only these, an RL resume refuses them
 _CALCULATOR = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations: 48/2 = <<48/2=24>>24
 FINAL_LR = 0.1  # the schedule decays linearly to this fraction of sft.lr at sft.steps
 
@@ -80,7 +84,12 @@ def demonstrations(config: Config, tokenizer: Any, log: Log) -> tuple[list[Demo]
     examples = demonstration_examples(config, log)
     chat = d.chat_template if d.chat_template is not None else (s.path is not None or _task_chat(config))
     renderer = PromptRenderer(tokenizer, chat, d.system_prompt, d.prompt_template)
-    eos = tokenizer.eos_token_id
+    vocab = tokenizer.get_vocab()
+    turn_end = next((vocab[t] for t in END_OF_TURN if t in vocab), None) if renderer.templated else None
+    eos = turn_end if turn_end is not None else tokenizer.eos_token_id  # a chat reply ends its turn
+    if eos is None:
+        raise UserError("sft: the tokenizer defines no end-of-sequence token to end a completion with; set one "
+                        "in its tokenizer config")
     demos, long = [], 0
     for e in examples:
         demo = Demo(renderer.ids(e), renderer.encoder.continuation(e.answer) + [eos])
@@ -144,8 +153,12 @@ def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path
     tokenizer = load_tokenizer(source, m.trust_remote_code)
     train, held = demonstrations(config, tokenizer, log)
     torch.manual_seed(config.run.seed)
-    model = load_model(source, resolve_dtype(m.dtype, device), device, m.trust_remote_code,
-                       allow_pickle=m.allow_pickle)
+    # fp32 master weights, as RL's trainer keeps (run/build.py): Adam's steps of about lr are below a
+    # bf16 weight's rounding step, and would be lost. The forward autocasts to model.train_dtype by the
+    # trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU).
+    model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
+    compute = resolve_dtype(m.train_dtype, device)
+    cast = torch.autocast(device.type, dtype=compute) if _autocasts(device, compute) else contextlib.nullcontext()
     model.train()
     algo = replace(config.algo, lr=s.lr)
     freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0, as in RL
@@ -161,18 +174,22 @@ def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path
     metrics = RunLog(run_dir, resume_step=state.step if resume_from else None)
     log(f"sft: {len(train)} demonstrations ({len(held)} held out), {s.steps} steps of {s.batch_size}, lr {s.lr:g}")
     if state.step == 0:
-        metrics.step({"step": 0, "eval_loss": held_out_loss(model, held, s.micro_batch, device), "time": 0.0})
+        with cast:
+            metrics.step({"step": 0, "eval_loss": held_out_loss(model, held, s.micro_batch, device), "time": 0.0})
     started = time.time() - state.elapsed
     latest = resume_from
     try:
         for step in range(state.step + 1, s.steps + 1):
             picked = [train[i] for i in batch_at(state.cursor, s.batch_size, len(train), config.run.seed)]
-            loss, tokens = _optimizer_step(model, optimizer, params, picked, schedule(step, s) / s.lr, config, device)
+            with cast:
+                loss, tokens = _optimizer_step(model, optimizer, params, picked, schedule(step, s) / s.lr, config,
+                                               device)
             state = RunState(step=step, cursor=state.cursor + s.batch_size, elapsed=time.time() - started)
             row: dict[str, Any] = {"step": step, "loss": loss, "lr": schedule(step, s), "tokens": tokens,
                                    "time": round(state.elapsed, 2)}
             if step == s.steps or (s.eval_every and step % s.eval_every == 0):
-                row["eval_loss"] = held_out_loss(model, held, s.micro_batch, device)
+                with cast:
+                    row["eval_loss"] = held_out_loss(model, held, s.micro_batch, device)
             metrics.step(row)
             log(_line(row, s.steps))
             every = config.run.checkpoint_every
@@ -218,6 +235,9 @@ def sft(config: Config, log: Log = print, resume: Path | None = None) -> Path:
     try:
         latest = None
         if resume is not None:
+            if not (run_dir / SFT_MARKER).is_file():
+                raise UserError(f"--resume {run_dir}: not an sft run (an RL run continues with "
+                                f"python -m aioareal --resume {run_dir})")
             action, latest = decide(run_dir, config.sft.steps, log)
             if action == "done":
                 return run_dir
@@ -226,6 +246,7 @@ def sft(config: Config, log: Log = print, resume: Path | None = None) -> Path:
 
             check_fresh_run_dir(run_dir)
         save_config(config, run_dir / "config.yaml")
+        (run_dir / SFT_MARKER).touch()
         last = train_sft(config, run_dir, log, latest)
         log(f"sft written to {run_dir}; its policy: {last / checkpoint.POLICY_DIR}\n"
             f"start RL from it:  python -m aioareal model.name={run_dir} ...\n"

@@ -85,7 +85,7 @@ def sections(args: Any, config: Any, new_tokens: int, columns: list[dict[str, An
             sampled = f", {args.n} sampled at T={args.temperature:g} top-p={args.top_p:g}" if args.n else ""
             title = (f"zero-shot: the run's prompts ({prompt_style(config)}) and grader; greedy{sampled}; "
                      f"up to {new_tokens} new tokens; {first.get('prompts', 0)} prompts")
-            out.append((title, metric_rows(args.n, any("maj@1" in c for c in columns), args.ks)))
+            out.append((title, metric_rows(args.n, any(k.startswith("maj@") for c in columns for k in c), args.ks)))
         else:
             title = (f"lm-eval: GSM8K {lm_eval.SHOTS}-shot (the first train rows), no chat template; greedy, "
                      f"stops at {lm_eval.STOP[0]}; up to {lm_eval.MAX_NEW_TOKENS} new tokens; "

@@ -158,6 +158,9 @@ def test_a_chosen_k_is_reported_alone(tiny_model_path, tmp_path):
     code, out = run_eval("tiny", "-n", "4", "--k", "1,3", "data.eval_size=4", "--out", str(tmp_path))
     column = json.loads(out.splitlines()[-1])["targets"][0]
     assert code == 0 and "pass@3" in column and "pass@2" not in column and "pass@4" not in column
+    code, out = run_eval("tiny", "-n", "4", "--k", "2,4", "data.eval_size=4", "--out", str(tmp_path / "no-1"))
+    rows = [line.split()[0] for line in out.splitlines()]
+    assert code == 0 and "maj@2" in rows and "maj@4" in rows and "maj@1" not in rows  # without k=1 too
 
 
 def test_a_score_of_answers_cut_short_says_so(tiny_model_path, tmp_path):

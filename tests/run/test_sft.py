@@ -197,3 +197,31 @@ def test_rl_on_gsm8k_rows_starts_from_an_sft_run_and_logs_reward(tmp_path):
     assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows if "reward_mean" in r)
     assert sum("eval_pass_rate" in r for r in rows) >= 2
     assert any(str(first / "checkpoints" / "step-000002" / "policy") in line for line in said)
+
+
+def test_each_stage_resumes_only_its_own_runs(tmp_path, capsys):
+    """`sft --resume` on an RL run, and an RL `--resume` on an sft run, are one line each: neither
+    trains into the other's directory (or prunes its checkpoints)."""
+    from aioareal.run.recipe import train
+
+    first = tmp_path / "sft"
+    sft(load_config(None, [*RANDOM, "sft.steps=3", "run.checkpoint_every=1", f"run.run_dir={first}"]),
+        log=lambda _: None)
+    (first / "DONE").unlink()  # as if stopped: an RL resume would otherwise have "nothing to do"
+    assert main(["--resume", str(first), "train.steps=5"]) == 2
+    assert "an sft run; continue it with python -m aioareal sft --resume" in capsys.readouterr().err
+    rl = tmp_path / "rl"
+    train(load_config(None, ["train.steps=1", "algo.batch_groups=2", "eval.every=0", "run.dashboard=off",
+                             f"run.run_dir={rl}"]), log=lambda _: None, printer=lambda row: None)
+    assert main(["sft", "--resume", str(rl)]) == 2
+    assert "not an sft run" in capsys.readouterr().err
+    assert len(list((rl / "checkpoints").iterdir())) == 1
+
+
+def test_masters_stay_fp32_when_the_forward_autocasts(tmp_path):
+    """model.train_dtype=bfloat16: the forward autocasts, the weights Adam updates and saves are fp32
+    (a step of about lr would be lost below a bf16 weight's rounding)."""
+    run = tmp_path / "sft"
+    sft(load_config(None, [*RANDOM, "sft.steps=2", "model.train_dtype=bfloat16", f"run.run_dir={run}"]),
+        log=lambda _: None)
+    assert {t.dtype for t in weights(run, 2).values()} == {torch.float32}
