@@ -145,6 +145,26 @@ def held_out_loss(model: Any, demos: list[Demo], micro: int, device: torch.devic
     return total / max(tokens, 1)
 
 
+def _trainee(config: Config, source: str, device: torch.device) -> tuple[Any, list, torch.optim.Optimizer, Any]:
+    """The model to train, its trained parameters, their AdamW and the forward's autocast context.
+    fp32 master weights, as RL's trainer keeps (run/build.py): Adam's steps of about lr are below a bf16
+    weight's rounding step, and would be lost; the forward autocasts to model.train_dtype by the
+    trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU)."""
+    m = config.model
+    torch.manual_seed(config.run.seed)
+    model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
+    compute = resolve_dtype(m.train_dtype, device)
+    cast = torch.autocast(device.type, dtype=compute) if _autocasts(device, compute) else contextlib.nullcontext()
+    model.train()
+    algo = replace(config.algo, lr=config.sft.lr)
+    freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0, as in RL
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(params, algo, "float32", False, model)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = group["lr"]  # the peak of each group (the embedding's may be scaled)
+    return model, params, optimizer, cast
+
+
 def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path | None = None) -> Path:
     """Fine-tune config.model on the demonstrations into `run_dir`; returns the last checkpoint."""
     s, m = config.sft, config.model
@@ -152,20 +172,7 @@ def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path
     source = str(resume_from / checkpoint.POLICY_DIR) if resume_from else model_path(config, log)
     tokenizer = load_tokenizer(source, m.trust_remote_code)
     train, held = demonstrations(config, tokenizer, log)
-    torch.manual_seed(config.run.seed)
-    # fp32 master weights, as RL's trainer keeps (run/build.py): Adam's steps of about lr are below a
-    # bf16 weight's rounding step, and would be lost. The forward autocasts to model.train_dtype by the
-    # trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU).
-    model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
-    compute = resolve_dtype(m.train_dtype, device)
-    cast = torch.autocast(device.type, dtype=compute) if _autocasts(device, compute) else contextlib.nullcontext()
-    model.train()
-    algo = replace(config.algo, lr=s.lr)
-    freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0, as in RL
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, algo, "float32", False, model)
-    for group in optimizer.param_groups:
-        group["initial_lr"] = group["lr"]  # the peak of each group (the embedding's may be scaled)
+    model, params, optimizer, cast = _trainee(config, source, device)
     state = RunState(step=0, cursor=0, elapsed=0.0)
     if resume_from is not None:
         state = checkpoint.load_state(resume_from)
