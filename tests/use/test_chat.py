@@ -73,7 +73,8 @@ def test_chat_reads_a_real_pipe(tiny_model_path):
     result = subprocess.run([sys.executable, "-m", "aioareal", "chat", str(tiny_model_path), "--temperature", "0.5"],
                             input="12+34=\n7+8=\n", capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert len(result.stdout.strip().splitlines()) == 2
+    # One reply line per prompt line. Sampled: a reply may be empty (EOS first, rarely), still its own line.
+    assert result.stdout.count("\n") == 2 and result.stdout.endswith("\n"), result.stdout
 
 
 def test_the_prompt_format_follows_the_run_then_the_model(tiny_model_path, tmp_path):
