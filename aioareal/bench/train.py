@@ -12,7 +12,7 @@ trainer state memory and the weight sync's bytes per publish. With `--layouts` i
 trainer's micro-batch layouts instead (train_layouts.py): padded, shared prompts, prefix tree.
 
 The model keeps fp32 master weights; `--dtype bfloat16` (or float16 on CUDA) runs the forward and
-backward under autocast by the trainer's own rule (trainer._autocasts), as a run with
+backward under autocast by the trainer's own rule (trainer.autocasts), as a run with
 `model.train_dtype` set to it does: on the CPU too, in bf16 (fp16 on the CPU stays fp32).
 
 Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x tokens/s over the
@@ -45,7 +45,7 @@ from ..simulate.lengths import gsm8k_like_length
 from ..trainer.batching import MicroBatch, collate, pack
 from ..trainer.compiled import compile_layers
 from ..trainer.logprobs import KEEP_LOGITS, token_logprobs
-from ..trainer.trainer import _autocasts
+from ..trainer.trainer import autocasts
 from . import sync_cost
 from .flops import FlopModel
 from .harness import (
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     # The trainer's own rule (model.train_dtype): bf16 autocast on the CPU too, fp16 on CUDA only.
-    autocast = dtype if _autocasts(device, dtype) else None
+    autocast = dtype if autocasts(device, dtype) else None
     model = build_model(args.model, torch.float32, device, args.seed).train()  # fp32 master weights
     vocab, pad = model.config.vocab_size, model.config.pad_token_id or 0
     samples = synthetic_samples(args.samples, args.prompt_len, args.mean_len, args.max_len, vocab, args.seed)

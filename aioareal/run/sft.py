@@ -44,7 +44,7 @@ from ..tasks.base import Example
 from ..tasks.rows import field_value, read_file
 from ..trainer.optim import build_optimizer, freeze_embeddings
 from ..trainer.supervised import Demo, completion_loss
-from ..trainer.trainer import _autocasts
+from ..trainer.trainer import autocasts
 from .build import build_data, model_path, task_from
 
 Log = Callable[[str], None]
@@ -154,7 +154,7 @@ def _trainee(config: Config, source: str, device: torch.device) -> tuple[Any, li
     torch.manual_seed(config.run.seed)
     model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
     compute = resolve_dtype(m.train_dtype, device)
-    cast = torch.autocast(device.type, dtype=compute) if _autocasts(device, compute) else contextlib.nullcontext()
+    cast = torch.autocast(device.type, dtype=compute) if autocasts(device, compute) else contextlib.nullcontext()
     model.train()
     algo = replace(config.algo, lr=config.sft.lr)
     freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0, as in RL

@@ -45,7 +45,7 @@ SCALER_CALIBRATION_SKIPS = 16
 MAX_CONSECUTIVE_SKIPS = 5
 
 
-def _autocasts(device: torch.device, dtype: torch.dtype | None) -> bool:
+def autocasts(device: torch.device, dtype: torch.dtype | None) -> bool:
     """Whether the trainer runs its forward and backward under autocast to `dtype` (its master weights
     stay fp32): on CUDA in bf16 or fp16; on the CPU in bf16 only, whose matmuls run on AMX or AVX-512
     BF16 units where the CPU has them (fp16 on the CPU would need loss scaling and has no such units)."""
@@ -75,7 +75,7 @@ class Trainer:
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.autocast_dtype = autocast_dtype if _autocasts(self.device, autocast_dtype) else None
+        self.autocast_dtype = autocast_dtype if autocasts(self.device, autocast_dtype) else None
         # train.precision=masters: forward and backward on a bf16 working copy, the optimizer on the
         # fp32 masters (trainer/masters.py); the model keeps the masters for the weight sync and checkpoints.
         self.working = working_copy(model, train.precision, self.autocast_dtype, collective.size > 1)
