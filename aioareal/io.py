@@ -1,14 +1,19 @@
-"""Crash-safe file writes: whole files by temp + rename, JSONL by single appends that resume repairs."""
+"""Crash-safe file writes: whole files by temp + rename, JSONL by single appends that resume repairs;
+lock files opened so that a planted one is refused, never followed."""
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError
+from .errors import DataError, UserError
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -25,6 +30,36 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def open_lock_file(path: str | Path) -> int:
+    """Open (creating) a lock file for flock and return its descriptor, close-on-exec. A symbolic link
+    in its place is not followed (its target would be opened, and a writer truncates it) and a FIFO
+    must not block the open: anything but a regular file is a one-line UserError."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    refusal = (f"{path}: not a regular file (a symbolic link, FIFO or folder); a lock file is a plain "
+               "file aioareal writes, so remove it if the directory is yours")
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise UserError(refusal) from None
+        raise UserError(f"{path}: cannot create the lock file ({e.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(refusal)
+    return fd
+
+
+@contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold an flock on the lock file `path` (waiting for other holders) for the with-block."""
+    fd = open_lock_file(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # frees the flock
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
+from ..io import open_lock_file
 
 RUN_LOCK = ".lock"
 
@@ -32,9 +33,9 @@ def own_run_dir(run_dir: Path) -> None:
         return
     try:
         key.mkdir(parents=True, exist_ok=True)
-        fd = os.open(key / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UserError(f"{run_dir}: cannot create the run directory's lock ({e.strerror})") from None
+        raise UserError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
+    fd = open_lock_file(key / RUN_LOCK)  # a planted link, FIFO or folder is refused, never followed
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

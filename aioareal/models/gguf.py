@@ -15,7 +15,6 @@ convert once while the others wait.
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..io import exclusive_lock
 from .gguf_convert import convert
 
 ENV_CACHE = "AIOAREAL_CACHE_DIR"
@@ -67,8 +67,7 @@ def cached_gguf(path: Path) -> Path:
     except OSError as e:
         raise UserError(f"cannot write the GGUF cache {entry.parent} ({e.strerror}); set {ENV_CACHE} "
                         "to a writable directory") from None
-    with open(entry.parent / f".{entry.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with exclusive_lock(entry.parent / f".{entry.name}.lock"):
         if not _complete(entry, digest):  # another process may have built it while this one waited
             _build(path, entry, digest)
     return entry

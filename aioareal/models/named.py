@@ -14,7 +14,6 @@ read its data. Files are found through each distribution's own record of what it
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -23,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import UserError
+from ..io import exclusive_lock
 from .gguf import cache_root
 from .gguf_convert import INSTALL_HINT
 
@@ -88,8 +88,8 @@ def _joined(name: str, model: NamedModel) -> Path:
     if out.is_file() and out.stat().st_size == sum(p.stat().st_size for p in parts):
         return out  # written whole and checked before its rename, below
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(f".{out.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs (torchrun ranks) join once, the others wait
+    # concurrent runs (torchrun ranks) join once, the others wait
+    with exclusive_lock(out.with_name(f".{out.name}.lock")):
         if not out.is_file():
             for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed join
                 stale.unlink(missing_ok=True)

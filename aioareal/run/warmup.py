@@ -10,7 +10,6 @@ any hub model.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ import torch
 from ..config import Config, ToolsConfig
 from ..episodes import codec_for, load_episode
 from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
+from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
 from ..models.prompt_encoding import PromptEncoder
 from ..models.shapes import SHAPES
@@ -64,8 +64,7 @@ def ensure_tiny(config: Config, log=print) -> Path:
     if (path / SUMMARY_FILE).exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs wait for one warm-start, not redo it
+    with exclusive_lock(path.parent / f".{path.name}.lock"):  # concurrent runs wait for one warm-start, not redo it
         if not (path / SUMMARY_FILE).exists():
             log(f"warm-start: training the tiny model once (cached in {path})")
             tmp = path.with_name(path.name + ".tmp")

@@ -127,3 +127,22 @@ def test_the_lock_is_counted_within_a_process(tmp_path):
     assert locked_now(run_dir)
     release_run_dir(run_dir)
     assert not locked_now(run_dir)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "folder"])
+def test_a_planted_lock_is_refused_in_one_line_and_its_target_kept(tmp_path, plant):
+    """A `.lock` planted as a symbolic link is never followed (its target is not truncated), and a
+    FIFO or folder in its place is refused without blocking."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    lock = run_dir / RUN_LOCK
+    {"symlink": lambda: lock.symlink_to(target), "fifo": lambda: os.mkfifo(lock),
+     "folder": lambda: lock.mkdir()}[plant]()
+    with pytest.raises(UserError, match="not a regular file") as error:
+        own_run_dir(run_dir)
+    assert "\n" not in str(error.value) and str(lock) in str(error.value)
+    assert target.read_text() == "keep me\n"
+    own_run_dir(tmp_path / "elsewhere")  # nothing left held by the refusal
+    release_run_dir(tmp_path / "elsewhere")
