@@ -27,7 +27,8 @@ def test_an_entropy_cliff_is_said_once():
 
 def test_a_cliff_while_the_reward_rises_is_a_policy_settling_not_collapsing():
     entropies, rewards = [2.3, 2.2, 1.8, 1.2, 0.8, 0.5, 0.4], [0.0, 0.05, 0.2, 0.5, 0.7, 0.8, 0.85]
-    assert lines([{"step": i, "entropy": e, "reward_mean": r} for i, (e, r) in enumerate(zip(entropies, rewards))]) == []
+    rows = [{"step": i, "entropy": e, "reward_mean": r} for i, (e, r) in enumerate(zip(entropies, rewards))]
+    assert lines(rows) == []
     # The same cliff with the reward flat or falling (Gemma at lr 1e-5) is said.
     flat = lines([{"step": i, "entropy": e, "reward_mean": 0.25 - 0.03 * i} for i, e in enumerate(entropies)])
     assert len(flat) == 1 and flat[0].startswith("warning: step 5: entropy 0.50 nats")
