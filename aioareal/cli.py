@@ -69,11 +69,8 @@ def _train(args: argparse.Namespace, restart: bool = False) -> int:
         from .run.early_checks import check_before_loading
 
         check_before_loading(fresh)
+    from .api.training import run_training
     from .checkpoint.resume_plan import check_unchanged, resume_config, resume_target
-    from .run.cell import cell_for
-    from .run.recipe import train
-    from .run.resume import resume
-    from .run.session import session
 
     target = resume_target(args.resume, args.run_dir, args.config)
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
@@ -90,12 +87,7 @@ def _train(args: argparse.Namespace, restart: bool = False) -> int:
         profile_note(args)
     if target and args.config:  # --resume auto with the config the run was started from
         check_unchanged(config, load(args), args.force)
-    with session(config) as world:
-        cell = cell_for(world)  # one process, or this rank's cell of a torchrun job
-        if target:
-            resume(target, args.overrides, flags, args.force, log=print if cell.is_main else _quiet, cell=cell)
-        else:
-            train(config, cell=cell)
+    run_training(config, target, flags, args.force, overrides=args.overrides)
     return 0
 
 
@@ -146,10 +138,6 @@ def _value(config: Any, dotted: str) -> str:
     section, _, key = dotted.partition(".")
     value = getattr(getattr(config, section), key)
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _quiet(*_: object) -> None:
-    pass
 
 
 def cmd_warmup(argv: list[str]) -> int:

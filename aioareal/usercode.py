@@ -1,6 +1,11 @@
 """Users' code by import path: 'package.module:name' or 'path/to/file.py:name' (dotted names reach
 into the module: 'file.py:Class.method'). Reward functions, episodes and tools are all named this
-way; each error says which of them could not be loaded, from where, and what would be right."""
+way; each error says which of them could not be loaded, from where, and what would be right.
+
+Objects handed to the Python API (`aioareal.train(reward_funcs=[lambda ...])`) are named the same
+way, as 'python:NAME' (`register`): the config records the name, this process's registry holds the
+object. A spawned worker process (reward.isolation=process) has no registry, so such a name works
+only where the code runs in this process (api.py refuses the combination up front)."""
 from __future__ import annotations
 
 import functools
@@ -14,9 +19,36 @@ from typing import Any
 
 from .errors import UserError
 
+REGISTERED_PREFIX = "python:"
+_registered: dict[str, Any] = {}
+
+
+def register(obj: Any, name: str) -> str:
+    """'python:NAME' for `obj`, which this process's resolve_spec then returns: the latest object
+    registered under a name wins (a notebook cell run again replaces its function)."""
+    if not name.isidentifier():
+        raise UserError(f"'{name}' cannot name a registered object: expected a Python identifier")
+    _registered[name] = obj
+    return REGISTERED_PREFIX + name
+
+
+def is_registered(spec: str) -> bool:
+    return spec.startswith(REGISTERED_PREFIX)
+
+
+def _registered_object(spec: str, what: str, error: type[UserError]) -> Any:
+    name = spec.removeprefix(REGISTERED_PREFIX)
+    if name not in _registered:
+        raise error(f"{what} '{spec}' was handed to aioareal from Python in another process; pass it again "
+                    "(aioareal.train(..., resume=RUN_DIR) with the same objects), or name it by import path "
+                    "('package.module:function' or 'path/to/file.py:function')")
+    return _registered[name]
+
 
 def resolve_spec(spec: str, what: str, error: type[UserError] = UserError) -> Any:
     """The object `spec` names; `what` ("reward function", "episode", "tool") names it in errors."""
+    if is_registered(spec):
+        return _registered_object(spec, what, error)
     target, attr = _split(spec, what, error)
     module = _import_file(spec, target, what, error) if _is_file(target) else _import_module(spec, target, what, error)
     try:
@@ -32,6 +64,9 @@ def check_spec(spec: str, what: str, error: type[UserError] = UserError) -> None
     """What can be checked of `spec` without running any of the user's code: its form, that its file
     exists, that its top-level module can be found. A run checks this before torch loads, so a typo
     is an error in a second rather than after the ~7 s of importing torch and transformers."""
+    if is_registered(spec):
+        _registered_object(spec, what, error)
+        return
     target, _ = _split(spec, what, error)
     if _is_file(target):
         if not Path(target).expanduser().is_file():

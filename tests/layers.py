@@ -25,6 +25,7 @@ LAYERS = [
     ["aioareal.monitor"],
     ["aioareal.run"],
     ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models
+    ["aioareal.api"],  # the Python API: train, evaluate, Run; the command line trains through it
     ["aioareal.simulate"],
     ["aioareal.bench"],
     ["aioareal.experiments"],

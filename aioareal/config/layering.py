@@ -33,11 +33,35 @@ def known_keys() -> list[str]:
 
 # Keys that moved to another section, so an old config gets told where its key went.
 MOVED = {"data.arith_digits": "arithmetic.digits", "data.arith_ops": "arithmetic.ops"}
+# TRL's GRPOConfig names -> what aioareal calls them: an unknown key named like one of these (in any
+# section, or none) is answered with the key, not with the nearest spelling (beta is not dg_eta).
+TRL_NAMES = {
+    "beta": "algo.kl_coef", "num_generations": "algo.group_size", "learning_rate": "algo.lr",
+    "max_completion_length": "generation.max_new_tokens", "max_prompt_length": "data.max_prompt_tokens",
+    "temperature": "generation.temperature", "top_p": "generation.top_p", "epsilon": "algo.clip_eps_low",
+    "epsilon_high": "algo.clip_eps_high", "num_iterations": "algo.ppo_epochs", "max_steps": "train.steps",
+    "seed": "run.seed", "warmup_steps": "algo.warmup_steps", "weight_decay": "algo.weight_decay",
+    "max_grad_norm": "algo.grad_clip", "scale_rewards": "algo.adv_std_norm", "reward_weights": "reward.weights",
+    "output_dir": "run.run_dir", "save_steps": "run.checkpoint_every", "eval_steps": "eval.every",
+    "loss_type": "algo.loss_agg (TRL's bnpo is token-mean, grpo seq-mean, dr_grpo constant)",
+    "per_device_train_batch_size": "algo.batch_groups x algo.group_size (completions a step)",
+    "generation_batch_size": "algo.batch_groups x algo.group_size (completions a step)",
+    "gradient_accumulation_steps": "train.micro_batch_tokens (micro-batches are sized in tokens)",
+}
+
+
+def trl_hint(key: str) -> str | None:
+    """'; TRL's beta is algo.kl_coef' when `key` (section.name or name) is a TRL GRPOConfig name."""
+    name = key.rpartition(".")[2]
+    return f"; TRL's {name} is {TRL_NAMES[name]}" if name in TRL_NAMES else None
 
 
 def _unknown(key: str, candidates: list[str]) -> ConfigError:
     if key in MOVED:
         return ConfigError(key, f"moved to '{MOVED[key]}'")
+    trl = trl_hint(key)
+    if trl and TRL_NAMES[key.rpartition(".")[2]].split(" ")[0] != key:
+        return ConfigError(key, f"unknown key{trl}")
     near = difflib.get_close_matches(key, candidates, n=1)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return ConfigError(key, f"unknown key{hint}")
@@ -147,7 +171,8 @@ def parse_override(text: str) -> tuple[str, str]:
     """'algo.lr=1e-5' -> ('algo.lr', '1e-5')."""
     key, sep, value = text.partition("=")
     if not sep or "." not in key:
-        raise UserError(f"override '{text}': expected section.key=value (for example algo.lr=1e-5)")
+        trl = trl_hint(key.strip()) if sep else None
+        raise UserError(f"override '{text}': expected section.key=value (for example algo.lr=1e-5){trl or ''}")
     return key.strip(), value
 
 

@@ -9,7 +9,7 @@ from ..config import Config
 from ..models.local_names import check_local
 from ..tasks.reward_functions import RewardFunctionError
 from ..tools.registry import check_tool_names
-from ..usercode import check_spec
+from ..usercode import check_spec, is_registered
 
 
 def check_before_loading(config: Config) -> None:
@@ -18,6 +18,11 @@ def check_before_loading(config: Config) -> None:
         check_local(name)
     for spec in config.reward.functions:
         check_spec(spec, "reward function", RewardFunctionError)
+        if is_registered(spec) and config.reward.isolation == "process":
+            raise RewardFunctionError(
+                f"reward function '{spec}' is a Python object, which a worker process (reward.isolation=process) "
+                "cannot import; name it by import path ('package.module:function' or 'path/to/file.py:function') "
+                "or keep reward.isolation=thread")
     episode = config.data.episode
     if episode is None:
         return  # tools are only built for episodes (run/rollout.py)

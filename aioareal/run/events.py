@@ -1,5 +1,11 @@
 """The run's event loop and what reaches the terminal: uvloop when installed, the stop signals
-(Ctrl-C, SIGTERM), and the plain per-step lines."""
+(Ctrl-C, SIGTERM), and the plain per-step lines.
+
+Called where an event loop already runs on this thread (Jupyter, IPython, an application's loop),
+the run's loop runs on a thread of its own and this thread waits for it: asyncio allows one
+running loop per thread. The signal handlers then cannot be installed (they belong to the main
+thread's loop), so the waiting thread turns Ctrl-C (a notebook's interrupt: KeyboardInterrupt)
+into the same request: finish the step, checkpoint, return."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +14,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -15,6 +22,8 @@ from typing import Any, Protocol
 from ..monitor.plain import plain_line
 
 DUPLICATE_S = 0.1  # a second signal sooner than this is a duplicate delivery, not a second Ctrl-C
+_interruptible: list[tuple[asyncio.AbstractEventLoop, Stoppable]] = []  # runs on a loop of their own thread
+_pending: list[int] = []  # a Ctrl-C that came before the run's loop could take it
 
 
 class Stoppable(Protocol):
@@ -51,23 +60,82 @@ def stop_signals(target: Stoppable) -> Iterator[None]:
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(signum, stop, signum)
-        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (uvloop: ValueError)
             break
         installed.append(signum)
+    entry = (loop, target)
+    if not installed:
+        _interruptible.append(entry)  # the thread waiting in run_event_loop forwards Ctrl-C
+        if _pending:
+            target.request_stop(_pending.pop())
     try:
         yield
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+        if entry in _interruptible:
+            _interruptible.remove(entry)
+
+
+def request_stops(signum: int = signal.SIGINT) -> None:
+    """Ask every run whose loop has no signal handlers to stop after its step (one still starting
+    stops after its first)."""
+    if not _interruptible:
+        print(f"\n{signal.Signals(signum).name}: the run stops after its first step", file=sys.stderr, flush=True)
+        _pending[:] = [signum]
+    for loop, target in list(_interruptible):
+        if not target.stop_requested:
+            print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing",
+                  file=sys.stderr, flush=True)
+        loop.call_soon_threadsafe(target.request_stop, signum)
 
 
 def run_event_loop(coro: Any) -> Any:
-    """asyncio.run on uvloop when it is installed (faster loop internals), plain asyncio otherwise."""
+    """asyncio.run on uvloop when it is installed (faster loop internals), plain asyncio otherwise;
+    on a thread of its own where this thread already runs a loop (a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run(coro)
+    return _run_beside(coro)
+
+
+def _run(coro: Any) -> Any:
     try:
         import uvloop
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+def _run_beside(coro: Any) -> Any:
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = _run(coro)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the waiting thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=work, name="aioareal-run", daemon=True)
+    _pending.clear()
+    # On the main thread Ctrl-C is ours while the run lasts: asyncio.run's own handler would only
+    # cancel the caller's task, which waits here, so the run would go on to its last step.
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: request_stops()) if on_main else None
+    thread.start()
+    try:
+        while thread.is_alive():
+            try:
+                thread.join(0.1)
+            except KeyboardInterrupt:
+                request_stops()  # the run stops after its step; keep waiting for its checkpoint
+    finally:
+        if on_main:
+            signal.signal(signal.SIGINT, previous)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def quiet(*_: Any) -> None:

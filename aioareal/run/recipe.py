@@ -128,13 +128,19 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
                  cell.trackers(config, run_dir), state, kept)
 
 
-def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunHooks:
+OnStep = Callable[[dict[str, Any]], Any]  # a step's metrics row -> truthy to stop the run after it
+
+
+def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None], on_step: OnStep | None = None,
+                stop: Callable[[], None] = lambda: None) -> RunHooks:
     c = parts.config
 
     def show(report: StepReport) -> None:
         parts.live.record(report.row, report.staleness or None, report.samples[-1] if report.samples else None)
         parts.live.refresh()
         printer(report.row)
+        if on_step is not None and on_step(dict(report.row)):
+            stop()
 
     def write_row(row: dict[str, Any]) -> None:
         parts.log.step(row)  # metrics.jsonl, the source of truth
@@ -148,17 +154,20 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> RunH
                     parts.start_step, warn=lambda line: print(line, flush=True))
 
 
-async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None]) -> Orchestrator:
+async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None],
+                      on_step: OnStep | None = None) -> Orchestrator:
     c = parts.config
     schedule = Schedule(c.rollout.mode, c.rollout.max_staleness, c.algo.batch_groups, c.algo.group_size,
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     rollout = parts.rollout
+    stoppable: list[Any] = []  # the stop target, once the orchestrator exists
+    hooks = build_hooks(parts, printer, on_step, stop=lambda: stoppable[0].request_stop())
     orchestrator = Orchestrator(schedule, rollout.generator, parts.trainer, parts.prompts, rollout.score,
-                                parts.cell.hooks(build_hooks(parts, printer)), resume=parts.resume,
-                                score_counters=rollout.counters)
+                                parts.cell.hooks(hooks), resume=parts.resume, score_counters=rollout.counters)
+    stoppable.append(parts.cell.stop_target(orchestrator))
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     try:
-        with stop_signals(parts.cell.stop_target(orchestrator)):
+        with stop_signals(stoppable[0]):
             await orchestrator.run()
     finally:
         refresher.cancel()
@@ -203,16 +212,20 @@ def _run_dir(config: Config, resume_from: Path | None) -> Path:
 
 def train(config: Config, log: Callable[[str], None] = print,
           printer: Callable[[dict[str, Any]], None] | None = None, resume_from: Path | None = None,
-          header_fn: Callable[[], str] | None = None, cell: Cell | None = None) -> Path:
+          header_fn: Callable[[], str] | None = None, cell: Cell | None = None,
+          on_step: OnStep | None = None, echo_config: bool = True) -> Path:
     """Run a training job to completion (or continue one from a checkpoint); returns the run dir.
     Progress goes to the live dashboard on a terminal, else one plain line per step (`printer`
-    replaces both); `header_fn` adds a line above the dashboard (the sweep's progress)."""
+    replaces both); `header_fn` adds a line above the dashboard (the sweep's progress); `on_step`
+    sees each step's metrics row and stops the run after that step by returning something true;
+    `echo_config`: log the resolved config (else only where config.yaml is)."""
     cell = cell or current_cell()
     if not cell.is_main:  # under torchrun rank 0 speaks for all; the others print only errors
         log, printer = quiet, quiet
     run_dir = cell.main_decides(lambda: _run_dir(config, resume_from))  # one directory, one check, for all ranks
     try:
-        return _train_in(run_dir, config, log, printer, resume_from, header_fn, cell)
+        shown = dump_yaml(cell.recorded(config)) if echo_config else f"config: {run_dir / 'config.yaml'}"
+        return _train_in(run_dir, config, log, printer, resume_from, header_fn, cell, on_step, shown)
     finally:
         if cell.is_main:
             release_run_dir(run_dir)
@@ -220,9 +233,9 @@ def train(config: Config, log: Callable[[str], None] = print,
 
 def _train_in(run_dir: Path, config: Config, log: Callable[[str], None],
               printer: Callable[[dict[str, Any]], None] | None, resume_from: Path | None,
-              header_fn: Callable[[], str] | None, cell: Cell) -> Path:
+              header_fn: Callable[[], str] | None, cell: Cell, on_step: OnStep | None, shown: str) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
-    log(dump_yaml(cell.recorded(config)))
+    log(shown)
     if cell.is_main:
         save_config(cell.recorded(config), run_dir / "config.yaml")
     with threads_restored():  # setup may narrow torch's threads (run.cpu_threads): the caller gets them back
@@ -234,7 +247,7 @@ def _train_in(run_dir: Path, config: Config, log: Callable[[str], None],
             printer = step_printer(log, config.train.steps, evals_only=dashboard)
         try:
             with Dashboard(lambda: parts.live.latest, header_fn=header_fn) if dashboard else contextlib.nullcontext():
-                orchestrator = run_event_loop(orchestrate(parts, printer))
+                orchestrator = run_event_loop(orchestrate(parts, printer, on_step))
         finally:
             cleanup(parts)
     return _finished(orchestrator, run_dir, config, cell.is_main, log)

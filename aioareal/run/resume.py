@@ -17,7 +17,8 @@ from .sft import SFT_MARKER
 def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[str, Any] | None = None,
            force: bool = False, log: Callable[[str], None] = print,
            printer: Callable[[dict[str, Any]], None] | None = None,
-           header_fn: Callable[[], str] | None = None, cell: Cell | None = None) -> Path:
+           header_fn: Callable[[], str] | None = None, cell: Cell | None = None,
+           on_step: Callable[[dict[str, Any]], Any] | None = None, echo_config: bool = True) -> Path:
     run_dir = Path(run_dir)
     config = resume_config(run_dir, overrides or [], flags or {}, force)
     # Under torchrun rank 0 alone reads and tidies the run directory, and tells the others.
@@ -28,7 +29,8 @@ def resume(run_dir: str | Path, overrides: list[str] | None = None, flags: dict[
     try:
         if action == "done":
             return run_dir
-        return train(config, log, printer, resume_from=latest, header_fn=header_fn, cell=cell)
+        return train(config, log, printer, resume_from=latest, header_fn=header_fn, cell=cell, on_step=on_step,
+                     echo_config=echo_config)
     finally:
         if cell.is_main:
             release_run_dir(run_dir)

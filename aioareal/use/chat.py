@@ -68,26 +68,32 @@ def chat(args: argparse.Namespace) -> int:
     names, overrides = split_items(args.items)
     if len(names) != 1:
         raise UserError(f"chat takes one TARGET, got {len(names)}: {' '.join(names) or '(none)'}")
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
-    target = resolve(names[0])
-    config, start = target_config([target], args.config, overrides)
-    source = model_source(target, start)
-    device = resolve_device(config.rollout.gen_device, "gen")
-    tokenizer = load_tokenizer(source, config.model.trust_remote_code)
-    model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,
-                       allow_pickle=config.model.allow_pickle).eval()
-    limit = args.max_new_tokens or (NAMED_MODEL_TOKENS if target.named and target.model != "tiny"
-                                    else config.generation.max_new_tokens)
-    chat_format = uses_chat_template(config, bool(target.run_config or args.config), source)
-    talk = Conversation(model, tokenizer, args.system or config.data.system_prompt, limit, args.temperature,
-                        chat_format)
+    talk = open_conversation(names[0], overrides, args.config, args.system, args.max_new_tokens, args.temperature)
     for prompt in prompts(args):
         if prompt == "/reset":
             talk.history.clear()
             continue
         talk.reply(prompt)
     return 0
+
+
+def open_conversation(name: str, overrides: list[str], config_file: str | None = None, system: str | None = None,
+                      max_new_tokens: int | None = None, temperature: float = 0.0) -> Conversation:
+    """A conversation with TARGET `name` (a run, a checkpoint, a model), its model loaded, under the
+    run's config (or `config_file`) with `overrides`; `system` replaces data.system_prompt."""
+    if temperature < 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    target = resolve(name)
+    config, start = target_config([target], config_file, overrides)
+    source = model_source(target, start)
+    device = resolve_device(config.rollout.gen_device, "gen")
+    tokenizer = load_tokenizer(source, config.model.trust_remote_code)
+    model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,
+                       allow_pickle=config.model.allow_pickle).eval()
+    limit = max_new_tokens or (NAMED_MODEL_TOKENS if target.named and target.model != "tiny"
+                               else config.generation.max_new_tokens)
+    chat_format = uses_chat_template(config, bool(target.run_config or config_file), source)
+    return Conversation(model, tokenizer, system or config.data.system_prompt, limit, temperature, chat_format)
 
 
 def uses_chat_template(config: Config, from_run: bool, source: str) -> bool:
@@ -145,8 +151,9 @@ class Conversation:
         messages = system + self.history + [{"role": "user", "content": prompt}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def reply(self, prompt: str) -> str:
-        """Stream the model's answer to `prompt` to stdout and remember both turns."""
+    def reply(self, prompt: str, stream: bool = True) -> str:
+        """The model's answer to `prompt`, streamed to stdout as it comes (`stream`); both turns are
+        remembered."""
         ids = torch.tensor([self.encode(self.render(prompt), self.chat)], device=self.model.device)
         sampled = self.temperature > 0
         with torch.no_grad():
@@ -154,7 +161,8 @@ class Conversation:
                                       do_sample=sampled, temperature=self.temperature if sampled else None,
                                       top_p=None, top_k=None, eos_token_id=self.eos,
                                       pad_token_id=self.tokenizer.pad_token_id,
-                                      streamer=Printer(self.tokenizer, skip_prompt=True, skip_special_tokens=True))
+                                      streamer=Printer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+                                      if stream else None)
         text = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         if self.chat:
             self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}]
