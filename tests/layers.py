@@ -6,7 +6,7 @@ from __future__ import annotations
 # package is named for all its modules; a new package or root module must be placed here.
 LAYERS = [
     ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.allocator", "aioareal.losses",
-     "aioareal.usercode"],  # usercode: users' reward functions, episodes and tools by import path
+     "aioareal.usercode", "aioareal.loops"],  # usercode: users' reward functions, episodes and tools by import path
     ["aioareal.config"],
     ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
     ["aioareal.models"],
@@ -21,7 +21,7 @@ LAYERS = [
     ["aioareal.checkpoint"],
     ["aioareal.weightsync"],
     ["aioareal.trainer"],
-    ["aioareal.orchestrator", "aioareal.evaluate"],  # evaluate: held-out sets on the engine, scored; pass@k, maj@k
+    ["aioareal.orchestrator", "aioareal.evaluation"],  # evaluate: held-out sets on the engine, scored; pass@k, maj@k
     ["aioareal.monitor"],
     ["aioareal.run"],
     ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models

@@ -4,6 +4,7 @@ JSON holds (numpy scalars and arrays as numbers and lists, pandas' NaN as null);
 an error naming the row and column."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterable
@@ -16,8 +17,9 @@ from ..io import atomic_write_text
 DATA_FILES = {"train": "train.jsonl", "eval": "eval.jsonl"}
 
 
-def data_file(data: Any, run_dir: Path, split: str) -> str:
-    """A file path as it is; rows (a Dataset, a DataFrame, dicts) written to RUN_DIR/data/SPLIT.jsonl."""
+def data_file(data: Any, run_dir: Path, split: str, written: list[Path]) -> str:
+    """A file path as it is; rows (a Dataset, a DataFrame, dicts) written to RUN_DIR/data/SPLIT.jsonl
+    (appended to `written`)."""
     if isinstance(data, (str, Path)):
         return str(data)
     path = run_dir / "data" / DATA_FILES[split]
@@ -28,7 +30,18 @@ def data_file(data: Any, run_dir: Path, split: str) -> str:
         raise DataError(f"{what}: no rows")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, "\n".join(lines) + "\n")
+    written.append(path)
     return str(path)
+
+
+def remove_written(paths: list[Path]) -> None:
+    """The files data_file wrote, then their folder and the run directory above it where left empty."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+    folders = {p.parent for p in paths} | {p.parent.parent for p in paths}
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # data/ before the run directory
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def rows_of(data: Any, what: str) -> Iterable[Any]:

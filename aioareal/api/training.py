@@ -4,6 +4,7 @@ files in the run directory (data.py), callables become registered names (usercod
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,11 @@ from typing import Any
 from ..config.layering import TRL_NAMES
 from ..errors import RunStopped, UserError
 from ..usercode import register
-from .data import data_file
+from .data import data_file, remove_written
 from .run import Run
 
 # TRL's GRPOConfig names taken as keyword arguments: the one-to-one ones (config/layering.py TRL_NAMES).
+SPARSE_EVERY = 10  # progress="auto" off a terminal: a line every this many steps
 TRL_ALIASES = {name: key for name, key in TRL_NAMES.items() if " " not in key and name != "scale_rewards"}
 
 
@@ -30,8 +32,9 @@ def train(model: str | None = None, train_dataset: Any = None, reward_funcs: Seq
     `fn(completions, **columns) -> list[float]` callables or import paths. `settings`:
     {"algo.lr": 1e-5, ...}; `**keys`: a section as a dict or config object (algo={"lr": 1e-5}) or a
     TRL GRPOConfig name (learning_rate=1e-5, num_generations=8). `progress`: auto (the dashboard
-    on a terminal, else a line a step), lines, or off. A run stopped by `on_step` or an interrupt
-    comes back with `stopped` set; pass it as `resume` to continue."""
+    on a terminal, else a line every 10 steps and at evaluations), lines (every step), or off. A
+    run stopped by `on_step` or an interrupt comes back with `stopped` set; pass it as `resume` to
+    continue."""
     flags = _flags(model, mode, max_staleness, objective, steps, seed, settings, keys)
     specs = reward_specs(reward_funcs)
     printer = _printer(progress)
@@ -55,15 +58,22 @@ def _fresh(config: str | Path | None, flags: dict[str, Any], train_dataset: Any,
 
     directory = Path(run_dir) if run_dir is not None else default_run_dir(load_config(config, [], flags))
     flags["run.run_dir"] = str(directory)
-    for split, data in (("train", train_dataset), ("eval", eval_dataset)):
-        if data is not None:
-            flags["data.path" if split == "train" else "data.eval_path"] = data_file(data, directory, split)
-    if train_dataset is not None and "data.task" not in flags:
-        flags["data.task"] = "file"
-    resolved = load_config(config, [], flags)
-    check_before_loading(resolved)
-    return _trained(lambda: run_training(resolved, None, {}, False, printer, on_step, echo_config=False),
-                    directory)
+    written: list[Path] = []
+    try:
+        for split, data in (("train", train_dataset), ("eval", eval_dataset)):
+            if data is not None:
+                path = data_file(data, directory, split, written)
+                flags["data.path" if split == "train" else "data.eval_path"] = path
+        if train_dataset is not None and "data.task" not in flags:
+            flags["data.task"] = "file"
+        resolved = load_config(config, [], flags)
+        check_before_loading(resolved)
+        return _trained(lambda: run_training(resolved, None, {}, False, printer, on_step, echo_config=False),
+                        directory)
+    except BaseException:
+        if not (directory / "metrics.jsonl").exists() and not any(directory.glob("checkpoints/step-*")):
+            remove_written(written)  # the run never started: no data files left behind as a husk
+        raise
 
 
 def run_training(config: Any, resume_target: Path | None, flags: dict[str, Any], force: bool = False,
@@ -143,14 +153,18 @@ def _flags(model: str | None, mode: str | None, max_staleness: int | None, objec
 
 
 def _printer(progress: str) -> Callable[[dict[str, Any]], None] | None:
+    """auto: the run's own dashboard on a terminal; elsewhere (a notebook, a log) a line every
+    SPARSE_EVERY steps and at each evaluation, which a cell's output can hold."""
+    from ..monitor.plain import plain_line
+
+    def sparse(row: dict[str, Any]) -> None:
+        if row.get("step", 0) % SPARSE_EVERY == 0 or row.get("eval_pass_rate") is not None:
+            print(plain_line(row), flush=True)
+
     if progress == "auto":
-        return None  # the run's own choice: its dashboard on a terminal, a plain line a step elsewhere
+        return None if sys.stdout.isatty() else sparse
     if progress == "off":
         return lambda row: None
     if progress == "lines":
-        from ..monitor.plain import plain_line
-
         return lambda row: print(plain_line(row), flush=True)
     raise UserError(f"progress={progress!r}: expected 'auto', 'lines' or 'off'")
-
-

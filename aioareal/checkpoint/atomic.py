@@ -84,10 +84,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path | None:
+def latest_readable(run_dir: Path, log: Callable[[str], None] = print, move_aside: bool = True) -> Path | None:
     """The newest checkpoint whose files all read back. An unreadable one (a disk fault, a file
     edited by hand) is reported and renamed `broken-step-N`, kept for inspection but no longer a
-    checkpoint: it must not count towards keep_checkpoints, or pruning would delete a good one."""
+    checkpoint: it must not count towards keep_checkpoints, or pruning would delete a good one.
+    A reader of someone else's run (eval, chat, model.name=RUN) passes move_aside=False: it says
+    which checkpoint it skipped and leaves the directory as it found it."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             check_readable(path)
@@ -98,6 +100,10 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
             # someone tampered with. Stop here, name the file, and let the user decide.
             raise
         except Exception as e:  # any way a file can be broken: report it, try the previous one
+            if not move_aside:
+                log(one_line(f"warning: checkpoint {path} is unreadable ({type(e).__name__}: {e}); using the one "
+                             "before it"))
+                continue
             aside = path.with_name(f"broken-{path.name}")
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(path, aside)
@@ -108,7 +114,7 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print) -> Path |
 
 def run_policy(run_dir: Path, log: Callable[[str], None] = print) -> Path:
     """The policy of a run's latest readable checkpoint: what model.name=RUN starts from (an `sft` run)."""
-    latest = latest_readable(run_dir, log)
+    latest = latest_readable(run_dir, log, move_aside=False)
     if latest is None:
         raise UserError(f"model.name={run_dir}: the run has no readable checkpoint to start from")
     log(f"model: {latest / POLICY_DIR}")

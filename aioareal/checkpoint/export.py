@@ -39,7 +39,7 @@ def export(args: argparse.Namespace) -> int:
         hub_api()  # before a long export: say now that the upload cannot happen
     written = None
     if args.gguf:
-        written = write_gguf(policy, Path(args.gguf), args.type)
+        written = write_gguf(policy, gguf_path(args.gguf, policy, args.type), args.type)
         print(f"wrote {written} ({written.stat().st_size / 2**20:.1f} MiB, {args.type}) from {policy}")
     if args.hub:
         upload(args.hub, policy, written)
@@ -59,6 +59,17 @@ def policy_dir(target: Path) -> Path:
         return checkpoint / POLICY_DIR
     raise UserError(f"export: {target}: neither a run with a checkpoint (checkpoints/step-N/policy/) nor a "
                     "checkpoint or policy directory (config.json)")
+
+
+def gguf_path(given: str, policy: Path, qtype: str) -> Path:
+    """--gguf FILE as given; a directory (`.`, `out/`) gets NAME-step-N-TYPE.gguf inside it. Checked
+    before the model loads: a folder that is not there is one line, not a traceback after the export."""
+    path = Path(given)
+    if path.is_dir() or given.endswith(("/", "\\")):
+        path = path / f"{_model_name(policy)}-{qtype}.gguf"
+    if not path.parent.is_dir():
+        raise UserError(f"export --gguf {given}: no directory {path.parent} to write it in")
+    return path
 
 
 def write_gguf(policy: Path, out: Path, qtype: str) -> Path:

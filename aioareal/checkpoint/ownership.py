@@ -11,6 +11,7 @@ same lock again.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -66,3 +67,32 @@ def _holder(fd: int) -> str:
     except (OSError, UnicodeDecodeError):
         return ""
     return f" (pid {text})" if text.isdigit() else ""
+
+
+HUSK_FILES = ("config.yaml", RUN_LOCK, "metrics.jsonl", "samples.jsonl", "eval_samples.jsonl")
+
+
+def remove_husk(run_dir: Path) -> bool:
+    """After a fresh run failed before its first step: remove what its start wrote (config.yaml, the
+    lock, empty logs) and the directory if nothing else is in it, so a failed start leaves no run
+    behind for `plot`, `eval` or the next `--resume` to trip on. Anything else (a checkpoint, a row
+    of metrics, a user's file) keeps the directory as it is. True if the directory went. Called while
+    the lock is still held (once), so no other run can take the lock of a file about to go."""
+    held = _held.get(Path(run_dir).resolve())
+    if held is None or held[1] != 1 or not run_dir.is_dir() or any(run_dir.glob("checkpoints/step-*")):
+        return False
+    logs = [run_dir / name for name in HUSK_FILES[2:]]
+    if any(p.is_file() and p.stat().st_size > 0 for p in logs):
+        return False
+    for name in HUSK_FILES:
+        path = run_dir / name
+        if path.is_file() and not path.is_symlink():
+            path.unlink()
+    for sub in ("checkpoints",):
+        with contextlib.suppress(OSError):
+            (run_dir / sub).rmdir()  # only if empty
+    try:
+        run_dir.rmdir()  # only if empty: never a file we did not write
+    except OSError:
+        return False
+    return True

@@ -16,6 +16,11 @@ from typing import Any
 from ..errors import ConfigError
 
 INT_MAX = 2**31 - 1  # counts, sizes and steps: past this, tensor shapes and index arithmetic overflow
+# Completions of one step (algo.batch_groups x algo.group_size) and of one group: the engine and the
+# trainer hold a step's completions at once, so a count past these exhausts any machine's memory
+# before the first check inside the run could say so. DeepSeek's and DAPO's recipes use 512-16k a
+# step and 16-64 a group; these bounds leave room above both.
+GROUP_MAX, STEP_COMPLETIONS_MAX = 65536, 1 << 20
 SEED = "[0, 4294967295]"  # every RNG the run seeds (python, torch, numpy) takes these
 TIMEOUT = "(0, 1000000]"  # seconds; past ~1e9 the OS timers (threading, asyncio) overflow
 
@@ -32,7 +37,8 @@ RANGES: dict[str, str] = {
     "tools.max_threads": "[1, 4096]",
     "generation.max_new_tokens": "[1, inf)", "generation.temperature": "(0, inf)", "generation.top_p": "(0, 1]",
     "generation.num_slots": "[0, inf)",
-    "algo.group_size": "[2, inf)", "algo.batch_groups": "[1, inf)", "algo.minibatches": "[1, inf)",
+    "algo.group_size": f"[2, {GROUP_MAX}]", "algo.batch_groups": f"[1, {STEP_COMPLETIONS_MAX // 2}]",
+    "algo.minibatches": "[1, inf)",
     "algo.ppo_epochs": "[1, inf)", "algo.clip_eps_low": "[0, 1)", "algo.clip_eps_high": "[0, inf)",
     "algo.kl_coef": "[0, inf)", "algo.behav_cap": "(1, inf)", "algo.dg_eta": "(0, inf)", "algo.tis_cap": "(0, inf]",
     "algo.embedding_lr_scale": "[0, inf)",
@@ -41,7 +47,7 @@ RANGES: dict[str, str] = {
     "rollout.max_staleness": "[0, inf)", "rollout.devices_per_rank": "[1, 2]",
     "train.steps": "[0, inf)", "train.micro_batch_tokens": "[1, inf)", "train.logprob_chunk": "[1, inf)",
     "train.max_logprob_gap": "[0, inf)",
-    "eval.every": "[0, inf)", "eval.max_new_tokens": "[1, inf)", "eval.samples": "[0, inf)",
+    "eval.every": "[0, inf)", "eval.max_new_tokens": "[1, inf)", "eval.samples": f"[0, {GROUP_MAX}]",
     "eval.temperature": "(0, inf)",
     "sft.steps": "[1, inf)", "sft.batch_size": "[1, inf)", "sft.micro_batch": "[1, inf)", "sft.lr": "(0, inf)",
     "sft.warmup_steps": "[0, inf)", "sft.max_tokens": "[1, inf)", "sft.eval_size": "[0, inf)",

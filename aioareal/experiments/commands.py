@@ -1,7 +1,7 @@
 """`python -m aioareal plot runs/SWEEP` and `python -m aioareal report runs/SWEEP`.
 
-Both take a sweep directory (or one run directory) and write to plots/<its name>/ unless --out
-says otherwise; they print the paths they wrote.
+Both take a sweep directory (or one run directory) and write to plots/<its name>/ (a run: RUN_DIR/plots/)
+unless --out says otherwise; they print the paths they wrote.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ..errors import guarded
 def parser(command: str, what: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m aioareal {command}", description=what)
     p.add_argument("path", help="a sweep directory (runs/SWEEP) or a single run directory")
-    p.add_argument("--out", help="output directory (default plots/<name of PATH>)")
+    p.add_argument("--out", help="output directory (default RUN_DIR/plots for a run, plots/<name of PATH> for a sweep)")
     p.add_argument("--threshold", type=float,
                    help="held-out pass rate for time-to-threshold (default: 90%% of the best final mean)")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -22,7 +22,11 @@ def parser(command: str, what: str) -> argparse.ArgumentParser:
 
 
 def out_dir(args: argparse.Namespace) -> Path:
-    return Path(args.out) if args.out else Path("plots") / Path(args.path).resolve().name
+    """--out, else RUN_DIR/plots for one run (never the repository's own plots/), plots/<name> for a sweep."""
+    if args.out:
+        return Path(args.out)
+    path = Path(args.path)
+    return path / "plots" if (path / "config.yaml").is_file() else Path("plots") / path.resolve().name
 
 
 def cmd_plot(argv: list[str]) -> int:

@@ -47,9 +47,26 @@ def plot_runs(runs: list[Run], out_dir: str | Path, threshold: float | None = No
     groups = by_configuration(runs)
     paths = []
     for name, fig in zip(FILES, draw_figures(groups, *choose_threshold(runs, threshold))):
+        if all(len(g) == 1 for g in groups.values()):
+            one_seed_titles(fig)
         fig.savefig(out / name, dpi=110, bbox_inches="tight")
         paths.append(out / name)
     return paths
+
+
+SEED_WORDS = (("mean, band: min-max over seeds; ", ""), (" (mean, band: min-max over seeds)", ""),
+              ("mean over seeds; ", ""), (" (mean over the seeds that reached it; whiskers: min-max)", ""),
+              (" (mean, band: min-max over seeds", " ("))
+
+
+def one_seed_titles(fig: Figure) -> None:
+    """Titles of figures whose every configuration is one run: no mean, band or whiskers over seeds."""
+    texts = [ax.title for ax in fig.axes] + ([fig._suptitle] if fig._suptitle is not None else [])
+    for text in texts:
+        title = text.get_text()
+        for words, instead in SEED_WORDS:
+            title = title.replace(words, instead)
+        text.set_text(title.replace("()", "").strip())
 
 
 def draw_figures(groups: dict[str, list[Run]], value: float, how: str) -> tuple[Figure, ...]:

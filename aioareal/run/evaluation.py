@@ -15,8 +15,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..distributed.reduce import Collective
-from ..evaluate.pass_at_k import PromptVerdicts, sampled_figures
-from ..evaluate.scored_completions import generate
+from ..evaluation.pass_at_k import PromptVerdicts, sampled_figures
+from ..evaluation.scored_completions import generate
 from ..generation import SamplingParams
 from ..group import Completion
 from ..orchestrator.step_report import PROMPT_TEXT_CHARS

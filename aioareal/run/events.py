@@ -2,10 +2,9 @@
 (Ctrl-C, SIGTERM), and the plain per-step lines.
 
 Called where an event loop already runs on this thread (Jupyter, IPython, an application's loop),
-the run's loop runs on a thread of its own and this thread waits for it: asyncio allows one
-running loop per thread. The signal handlers then cannot be installed (they belong to the main
-thread's loop), so the waiting thread turns Ctrl-C (a notebook's interrupt: KeyboardInterrupt)
-into the same request: finish the step, checkpoint, return."""
+the run's loop runs on a thread of its own (loops.py). The signal handlers then cannot be
+installed (they belong to the main thread's loop), so the waiting thread turns Ctrl-C (a
+notebook's interrupt) into the same request: finish the step, checkpoint, return."""
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +13,11 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ..loops import run_coroutine
 from ..monitor.plain import plain_line
 
 DUPLICATE_S = 0.1  # a second signal sooner than this is a duplicate delivery, not a second Ctrl-C
@@ -91,51 +90,10 @@ def request_stops(signum: int = signal.SIGINT) -> None:
 
 
 def run_event_loop(coro: Any) -> Any:
-    """asyncio.run on uvloop when it is installed (faster loop internals), plain asyncio otherwise;
-    on a thread of its own where this thread already runs a loop (a notebook)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _run(coro)
-    return _run_beside(coro)
-
-
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
-def _run_beside(coro: Any) -> Any:
-    outcome: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            outcome["value"] = _run(coro)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the waiting thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=work, name="aioareal-run", daemon=True)
+    """The run's coroutine to completion (loops.py: beside a notebook's loop on a thread of its own,
+    where Ctrl-C becomes `request_stops`)."""
     _pending.clear()
-    # On the main thread Ctrl-C is ours while the run lasts: asyncio.run's own handler would only
-    # cancel the caller's task, which waits here, so the run would go on to its last step.
-    on_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: request_stops()) if on_main else None
-    thread.start()
-    try:
-        while thread.is_alive():
-            try:
-                thread.join(0.1)
-            except KeyboardInterrupt:
-                request_stops()  # the run stops after its step; keep waiting for its checkpoint
-    finally:
-        if on_main:
-            signal.signal(signal.SIGINT, previous)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    return run_coroutine(coro, on_interrupt=request_stops)
 
 
 def quiet(*_: Any) -> None:

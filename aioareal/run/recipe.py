@@ -17,7 +17,7 @@ import torch
 
 from .. import checkpoint
 from ..checkpoint import RunState
-from ..checkpoint.ownership import own_run_dir, release_run_dir
+from ..checkpoint.ownership import own_run_dir, release_run_dir, remove_husk
 from ..config import Config, dump_yaml, save_config
 from ..devices import fix_mmap_threshold, threads_restored, with_run_threads
 from ..errors import RunStopped, UserError
@@ -226,6 +226,10 @@ def train(config: Config, log: Callable[[str], None] = print,
     try:
         shown = dump_yaml(cell.recorded(config)) if echo_config else f"config: {run_dir / 'config.yaml'}"
         return _train_in(run_dir, config, log, printer, resume_from, header_fn, cell, on_step, shown)
+    except BaseException:
+        if cell.is_main and resume_from is None:
+            remove_husk(run_dir)  # a fresh run that failed before its first step leaves no directory
+        raise
     finally:
         if cell.is_main:
             release_run_dir(run_dir)

@@ -73,7 +73,13 @@ def chat(args: argparse.Namespace) -> int:
         if prompt == "/reset":
             talk.history.clear()
             continue
-        talk.reply(prompt)
+        if args.prompt is not None:
+            talk.reply(prompt)  # one prompt: an error is the command's (exit 2)
+            continue
+        try:
+            talk.reply(prompt)
+        except UserError as e:  # one turn's problem (too long): said, and the conversation goes on
+            print(f"error: {e}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -151,13 +157,29 @@ class Conversation:
         messages = system + self.history + [{"role": "user", "content": prompt}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def room(self, prompt_tokens: int) -> int:
+        """New tokens the reply may have: max_new_tokens, or fewer where the conversation would run past
+        the model's positions (said once a reply); none left is an error, the conversation kept as it was."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        if not positions or prompt_tokens + self.max_new_tokens <= positions:
+            return self.max_new_tokens
+        left = positions - prompt_tokens
+        what = "the conversation" if self.history else "the prompt"
+        if left < 1:
+            raise UserError(f"{what} is {prompt_tokens:,} tokens, past the model's {positions:,} positions; "
+                            + ("/reset forgets the conversation" if self.history else "give a shorter prompt"))
+        print(f"warning: {what} is {prompt_tokens:,} tokens of the model's {positions:,} positions: this reply "
+              f"is cut at {left} new tokens", file=sys.stderr, flush=True)
+        return left
+
     def reply(self, prompt: str, stream: bool = True) -> str:
         """The model's answer to `prompt`, streamed to stdout as it comes (`stream`); both turns are
         remembered."""
         ids = torch.tensor([self.encode(self.render(prompt), self.chat)], device=self.model.device)
+        room = self.room(ids.shape[1])
         sampled = self.temperature > 0
         with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=room,
                                       do_sample=sampled, temperature=self.temperature if sampled else None,
                                       top_p=None, top_k=None, eos_token_id=self.eos,
                                       pad_token_id=self.tokenizer.pad_token_id,

@@ -4,14 +4,15 @@ Scores each target (targets.py: a run, a checkpoint, a model) on the held-out pr
 data keys, by each protocol asked for:
 - `zero-shot` (the default): the prompts as training renders them, one greedy completion each, and with
   -n K also K sampled ones, scored by the task's grader through the reward service
-  (evaluate/scored_completions.py), as training scores;
-- `lm-eval`: GSM8K as lm-evaluation-harness scores it, 5-shot, greedy (evaluate/lm_eval.py).
+  (evaluation/scored_completions.py), as training scores;
+- `lm-eval`: GSM8K as lm-evaluation-harness scores it, 5-shot, greedy (evaluation/lm_eval.py).
 Prints one table, the targets side by side (`eval BASE RUN`: before and after), a section per
 protocol; writes every completion to OUT/eval.jsonl and the figures to OUT/figures.json, and prints
-the figures' JSON line last. The figures: evaluate/pass_at_k.py; docs/evaluate.md says what each means."""
+the figures' JSON line last. The figures: evaluation/pass_at_k.py; docs/evaluate.md says what each means."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -20,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..config.limits import GROUP_MAX
 from ..devices import resolve_device
 from ..errors import UserError, guarded
-from ..evaluate import lm_eval
-from ..evaluate.answers import answer_reader
-from ..evaluate.pass_at_k import PromptVerdicts, completion_figures, ks_up_to, mean_se, sampled_figures
-from ..evaluate.scored_completions import Scored, generate, score
+from ..evaluation import lm_eval
+from ..evaluation.answers import answer_reader
+from ..evaluation.pass_at_k import PromptVerdicts, completion_figures, ks_up_to, mean_se, sampled_figures
+from ..evaluation.scored_completions import Scored, generate, score
 from ..generation import SamplingParams
 from ..generation.turns import StopStrings
 from ..io import append_jsonl, atomic_write_text
@@ -83,8 +85,8 @@ def run_eval(args: argparse.Namespace) -> int:
     names, overrides = split_items(args.items)
     if not names:
         raise UserError("eval needs at least one TARGET (a run dir, a checkpoint dir or a model)")
-    if args.n < 0:
-        raise UserError(f"-n must be >= 0 (0: greedy only), got {args.n}")
+    if not 0 <= args.n <= GROUP_MAX:
+        raise UserError(f"-n must be in [0, {GROUP_MAX}] (0: greedy only; pass@k needs far fewer), got {args.n}")
     if args.temperature <= 0 or not 0 < args.top_p <= 1:
         raise UserError("--temperature must be > 0 and --top-p in (0, 1]")
     args.protocols = parse_protocols(args.protocol)
@@ -101,7 +103,10 @@ def run_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     columns = []
-    with (out / "eval.jsonl").open("w", encoding="utf-8") as records:
+    # The rows go to a .partial file renamed over eval.jsonl at the end: a killed evaluation leaves the
+    # last complete pair (eval.jsonl, figures.json) as it was, never a truncated one beside stale figures.
+    partial = out / "eval.jsonl.partial"
+    with partial.open("w", encoding="utf-8") as records:
         for target in targets:
             columns.append(evaluate_target(target, config, start, args, new_tokens, records))
     figures = {"task": config.data.task, "protocols": args.protocols, "n": args.n,
@@ -109,6 +114,8 @@ def run_eval(args: argparse.Namespace) -> int:
                "max_new_tokens": new_tokens if "zero-shot" in args.protocols else None,
                "targets": columns}
     line = json_line(figures)
+    (out / "figures.json").unlink(missing_ok=True)  # never the last run's figures beside these rows
+    os.replace(partial, out / "eval.jsonl")
     atomic_write_text(out / "figures.json", line + "\n")
     print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
@@ -173,7 +180,7 @@ def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_toke
 
 def lm_eval_figures(target: Target, config: Config, args: argparse.Namespace, records: Any, model: Any,
                     tokenizer: Any, eos: list[int]) -> dict[str, Any]:
-    """GSM8K as lm-evaluation-harness scores it (evaluate/lm_eval.py): strict and flexible exact match."""
+    """GSM8K as lm-evaluation-harness scores it (evaluation/lm_eval.py): strict and flexible exact match."""
     examples, prompts = lm_eval_set(config)
     encoder = PromptEncoder(tokenizer)
     ids = [encoder.encode(text) for text in prompts]

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any, TextIO
 
-from ..evaluate.pass_at_k import ks_up_to
+from ..evaluation.pass_at_k import ks_up_to
 
 PLAIN_EVERY = 0.25  # without a terminal: a line at each quarter of a phase
 
@@ -76,7 +76,7 @@ def cell(figures: dict[str, Any], name: str) -> str:
 
 def sections(args: Any, config: Any, new_tokens: int, columns: list[dict[str, Any]]) -> list[Section]:
     """The table's sections, one per protocol asked for, each titled with how it prompted and decoded."""
-    from ..evaluate import lm_eval
+    from ..evaluation import lm_eval
 
     first = columns[0] if columns else {}
     out: list[Section] = []

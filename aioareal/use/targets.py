@@ -10,6 +10,7 @@ data.system_prompt, ...) come from the first run among the targets (its config.y
 --config, with key=value overrides on top, as in training."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class Target:
 def resolve(arg: str) -> Target:
     path = Path(arg)
     if path.is_dir() and (path / RUN_CONFIG).is_file():
-        latest = checkpoint.latest_readable(path, log=lambda _: None)
+        latest = checkpoint.latest_readable(path, log=lambda line: print(line, file=sys.stderr), move_aside=False)
         if latest is None:
             raise UserError(f"{arg}: the run has no checkpoint yet (it writes one every run.checkpoint_every "
                             "steps and at its end)")

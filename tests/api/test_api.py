@@ -134,3 +134,17 @@ def test_import_aioareal_stays_light():
     code = "import sys, aioareal; print('torch' in sys.modules, 'pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_run_that_fails_at_start_up_leaves_no_directory(tmp_path, tiny_model_path):
+    def wrong_length(completions, **kwargs):
+        return [1.0]  # one reward for a whole group: the start-up check refuses it
+
+    with pytest.raises(UserError, match="wrong_length"):
+        train(tmp_path, reward_funcs=[wrong_length])
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")  # a directory with other files stays
+    with pytest.raises(UserError, match="wrong_length"):
+        train(tmp_path, reward_funcs=[wrong_length], run_dir=tmp_path / "mine")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]

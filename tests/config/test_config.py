@@ -76,3 +76,29 @@ def test_generation_overlap_takes_a_bool_or_auto(value, expected):
 def test_every_shipped_config_loads(path):
     config = load_config(str(path))
     assert config.model.name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algo.group_size=100000000", r"algo.group_size': must be in \[2, 65536\]"),
+    ("eval.samples=100000000", r"eval.samples': must be in \[0, 65536\]"),
+])
+def test_counts_no_machine_can_hold_are_refused_at_config_time(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_a_step_of_more_completions_than_memory_holds_is_refused():
+    with pytest.raises(ConfigError, match="16,777,216 completions a step; at most 1,048,576"):
+        load_config(None, ["algo.group_size=4096", "algo.batch_groups=4096"])
+    assert load_config(None, ["algo.group_size=64", "algo.batch_groups=1024"]).algo.group_size == 64
+
+
+def test_trl_names_get_the_right_key_not_the_nearest_spelling():
+    with pytest.raises(ConfigError, match="TRL's beta is algo.kl_coef"):
+        load_config(None, ["algo.beta=0.1"])
+    with pytest.raises(ConfigError, match="TRL's max_completion_length is generation.max_new_tokens"):
+        load_config(None, ["generation.max_completion_length=64"])
+    with pytest.raises(UserError, match="TRL's num_generations is algo.group_size"):
+        load_config(None, ["num_generations=8"])
+    with pytest.raises(ConfigError, match="did you mean 'algo.lr'"):  # not a TRL name: the nearest key
+        load_config(None, ["algo.lrr=1"])

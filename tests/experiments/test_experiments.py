@@ -216,3 +216,19 @@ def test_staleness_distribution_and_idle_tables(sweep):
         (run.dir / "samples.jsonl").unlink()
     text = "\n".join(distribution_sections(by_configuration(load_runs(sweep))))
     assert "Staleness distribution" not in text and "## Idle time and throughput" in text
+
+
+def test_plot_of_one_run_writes_under_it_and_speaks_of_one_run(sweep, tmp_path, monkeypatch):
+    from aioareal.experiments import plots
+    from aioareal.experiments.load import by_configuration
+
+    monkeypatch.chdir(tmp_path)
+    run = sweep / "async-s0"
+    assert main(["plot", str(run)]) == 0
+    assert all((run / "plots" / f).is_file() for f in FILES) and not (tmp_path / "plots").exists()
+    one = plots.draw_figures(by_configuration(load_runs(run)), 0.5, "given")
+    for fig in one:
+        plots.one_seed_titles(fig)
+    titles = [ax.get_title() for fig in one for ax in fig.axes] + [fig.get_suptitle() for fig in one]
+    assert titles and not any("seeds" in t or "min-max" in t for t in titles), titles
+    assert "Held-out pass rate" in titles

@@ -118,6 +118,16 @@ def test_bad_targets_are_one_line(tmp_path, monkeypatch, capsys, args, expected)
     assert err.startswith(f"error: {expected}") and len(err.splitlines()) == 1
 
 
+def test_a_folder_as_the_gguf_gets_a_named_file_and_a_missing_one_is_one_line(tmp_path, monkeypatch, capsys):
+    run = tiny_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", str(run), "--gguf", "."]) == 0
+    assert (tmp_path / "run-step-000002-f16.gguf").stat().st_size > 0
+    assert main(["export", str(run), "--gguf", "no/such/dir/x.gguf"]) == 2
+    assert capsys.readouterr().err.strip().endswith("export --gguf no/such/dir/x.gguf: no directory no/such/dir to "
+                                                    "write it in")
+
+
 def test_hub_without_login_or_package_is_one_line(tmp_path, monkeypatch, capsys):
     run = tiny_run(tmp_path)
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioareal.evaluate.answers import answer_reader
+from aioareal.evaluation.answers import answer_reader
 from aioareal.tasks.arithmetic import ArithmeticTask, line_answer
 
 

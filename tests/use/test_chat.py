@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from aioareal.cli import main
+from aioareal.errors import UserError
 from aioareal.models import load_model, load_tokenizer
 from aioareal.use.chat import Conversation
 
@@ -87,3 +88,25 @@ def test_the_prompt_format_follows_the_run_then_the_model(tiny_model_path, tmp_p
     assert not uses_chat_template(load_config(None, ["data.chat_template=false"]), False, "x")
     assert not uses_chat_template(load_config(), False, str(tiny_model_path))  # the warm-started tiny model
     assert uses_chat_template(load_config(), False, str(tmp_path))  # another model: its template
+
+
+def test_a_prompt_past_the_models_positions_is_one_line_and_the_conversation_goes_on(tiny_model_path, capsys,
+                                                                                     monkeypatch):
+    import torch
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    tokenizer.chat_template = TEMPLATE
+    model = load_model(str(tiny_model_path), torch.float32, torch.device("cpu"))
+    positions = model.config.max_position_embeddings
+    talk = Conversation(model, tokenizer, None, max_new_tokens=64, temperature=0.0)
+    with pytest.raises(UserError, match=f"the prompt is .* tokens, past the model's {positions:,} positions"):
+        talk.reply("1" * (positions + 10))
+    assert talk.history == []  # nothing half-remembered
+    near = "1" * (positions - 50)  # fits, with fewer new tokens than asked
+    talk.reply(near, stream=False)
+    assert "this reply is cut at" in capsys.readouterr().err
+    # On the command line a piped over-long line is said, and the next line is still answered.
+    monkeypatch.setattr(sys, "stdin", Piped("1" * (positions + 10) + "\n12+34=\n"))
+    assert main(["chat", str(tiny_model_path), "--max-new-tokens", "4"]) == 0
+    said = capsys.readouterr()
+    assert "error: the prompt is" in said.err and said.out.strip()

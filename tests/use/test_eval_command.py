@@ -165,3 +165,8 @@ def test_a_file_task_evaluates_from_its_eval_path_alone(trained_run, tmp_path):
         code = main(["eval", str(trained_run[0]), "data.task=file", f"data.eval_path={rows}",
                      "data.prompt_template={question}", "--out", str(tmp_path / "out")])
     assert code == 0 and json.loads(stdout.getvalue().splitlines()[-1])["targets"][0]["prompts"] == 5
+
+
+def test_a_sample_count_past_what_memory_holds_is_one_line(capsys):
+    assert main(["eval", "tiny", "-n", "100000000"]) == 2
+    assert capsys.readouterr().err.startswith("error: -n must be in [0, 65536]")

@@ -1,4 +1,4 @@
-"""eval --protocol lm-eval (evaluate/lm_eval.py): the prompt, the stop strings and both extractions as
+"""eval --protocol lm-eval (evaluation/lm_eval.py): the prompt, the stop strings and both extractions as
 lm-evaluation-harness's gsm8k task (version 3) defines them; an engine that stops at a string; the
 command on the committed GSM8K slice, and its refusals (-n without zero-shot, --k above -n, unknown
 protocols) in one line each."""
@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aioareal.cli import main
-from aioareal.evaluate import lm_eval
-from aioareal.evaluate.scored_completions import common_prefix
+from aioareal.evaluation import lm_eval
+from aioareal.evaluation.scored_completions import common_prefix
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.turns import StopStrings
 from aioareal.group import Group

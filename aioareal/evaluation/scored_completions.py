@@ -17,6 +17,7 @@ from ..generation.backends import make_engine
 from ..generation.forward import kv_bytes_per_token
 from ..generation.turns import StopStrings
 from ..group import Completion, Group
+from ..loops import run_coroutine
 from ..rewards.service import RewardService
 from ..tasks.base import Example
 
@@ -87,7 +88,7 @@ def score(service: RewardService, decode: Callable[[list[int]], str], completion
 
     async def all_groups() -> list[tuple[list[str], list[float], int]]:
         return await asyncio.gather(*(one(group, ex) for group, ex in zip(completions, examples)))
-    results = asyncio.run(all_groups())
+    results = run_coroutine(all_groups())  # beside a notebook's running loop too
     scored = [[Scored(text, reward, len(c.tokens), c.finish_reason == "length")
                for text, reward, c in zip(texts, rewards, group)]
               for (texts, rewards, _), group in zip(results, completions)]
