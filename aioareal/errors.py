@@ -74,9 +74,17 @@ def _escape(c: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+LINE_HEAD, LINE_TAIL = 700, 300  # an error line past their sum keeps its start (what, where) and end (the hint)
+
+
 def one_line(text: object) -> str:
-    """`text` as one terminal-safe line (error messages quote values read from files and configs)."""
-    return terminal_safe(text, keep_newlines=False)
+    """`text` as one terminal-safe line (error messages quote values read from files and configs),
+    cut in the middle past LINE_HEAD + LINE_TAIL characters: wherever a message quotes a value whole
+    (a sweep file's key, a reward function's exception, a config value), the line stays readable."""
+    line = terminal_safe(text, keep_newlines=False)
+    if len(line) <= LINE_HEAD + LINE_TAIL + 40:
+        return line
+    return f"{line[:LINE_HEAD]} ... [{len(line) - LINE_HEAD - LINE_TAIL:,} characters cut] ... {line[-LINE_TAIL:]}"
 
 
 @contextlib.contextmanager

@@ -62,6 +62,11 @@ class CustomTask(RowTask):
                 return None
         else:
             answer = row.get(self.answer_field)
+        if isinstance(answer, (bytes, bytearray)):  # an optional answer field_value did not read
+            answer = field_value(row, self.answer_field, where, skip)
+        if isinstance(answer, (dict, list, tuple)):  # a Parquet map or list: its repr is no reference answer
+            raise DataError(f"{where}: field '{self.answer_field}' is a {type(answer).__name__}, expected the answer "
+                            "as text or a number (reward functions still get the column as it is)")
         return Example(uid=f"{self.name}-{split}-{index}", prompt=prompt,
                        answer="" if answer is None else str(answer).strip(), row=row, messages=messages)
 

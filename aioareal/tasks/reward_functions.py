@@ -24,6 +24,7 @@ is counted (`eval_reward_failures`).
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import numbers
@@ -38,7 +39,7 @@ from ..errors import UserError
 from ..isolation.guarded import GuardedCaller
 from ..isolation.pool import Deferred, Outcome
 from ..usercode import first_line as _first_line
-from ..usercode import resolve_spec
+from ..usercode import is_registered, resolve_spec
 from ..usercode import user_frame as _user_frame
 from .base import Example, Task
 
@@ -60,7 +61,9 @@ class RewardFunction:
     required: frozenset[str]  # arguments without defaults, besides completions
 
     @property
-    def name(self) -> str:  # as TRL logs it: the function's __name__
+    def name(self) -> str:  # as TRL logs it: the function's __name__ (a lambda from Python: its registered name)
+        if is_registered(self.spec):
+            return self.spec.rsplit(":", 1)[-1]
         return getattr(self.fn, "__name__", self.spec.rsplit(":", 1)[-1])
 
     def __call__(self, completions: list[Any], columns: dict[str, list[Any]]) -> list[float | None]:
@@ -70,7 +73,9 @@ class RewardFunction:
             raise RewardFunctionError(
                 f"reward function '{self.spec}' needs argument(s) {', '.join(map(repr, missing))}, which the "
                 f"rows lack (it can take: completions, {', '.join(columns)})")
-        result = self.fn(completions=completions, **kwargs)
+        # Copies: a function that edits its arguments in place (answer.pop(), a list column sorted)
+        # must not change the data set that every later call, and the held-out scoring, reads.
+        result = self.fn(completions=list(completions), **copy.deepcopy(kwargs))
         if inspect.isawaitable(result):
             result = run_to_completion(result)
         return self._values(result, len(completions))
@@ -89,10 +94,17 @@ class RewardFunction:
     def _number(self, x: Any, i: int) -> float | None:
         if x is None:
             return None
-        if not isinstance(x, numbers.Real) or math.isinf(x):
-            raise RewardFunctionError(f"reward function '{self.spec}' returned {x!r} at index {i}, expected a "
+        if hasattr(x, "item") and not isinstance(x, numbers.Real):  # a numpy or torch scalar (numpy.bool_)
+            x = x.item()
+        try:
+            value = float(x) if isinstance(x, numbers.Real) else math.inf
+        except OverflowError:  # an int past float's range (10**400)
+            value = math.inf
+        if math.isinf(value):
+            shown = f"an int too large for a float ({x.bit_length()} bits)" if isinstance(x, int) else repr(x)[:80]
+            raise RewardFunctionError(f"reward function '{self.spec}' returned {shown} at index {i}, expected a "
                                       f"finite number (or None: does not apply)")
-        return None if math.isnan(x) else float(x)
+        return None if math.isnan(value) else value
 
 
 def run_to_completion(awaitable: Awaitable[Any]) -> Any:

@@ -103,9 +103,16 @@ class RowSource:
 
 
 def field_value(row: dict[str, Any], name: str, where: str, skip_bad: bool = False, hint: str = "") -> Any:
-    """The row's non-empty value of `name`; None when missing or empty and `skip_bad`, else a DataError."""
+    """The row's non-empty value of `name`; None when missing or empty and `skip_bad`, else a DataError.
+    Bytes (a Parquet binary column) are text when they decode as UTF-8; NUL bytes and whitespace
+    alone are empty."""
     value = row.get(name)
-    if value is not None and str(value).strip():
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{where}: field '{name}' holds bytes that are not UTF-8 text") from None
+    if value is not None and str(value).strip().strip("\x00").strip():
         return value
     if skip_bad:
         return None
@@ -176,7 +183,10 @@ def _read_table(p: Path) -> Located:
     import pandas as pd
 
     try:
-        frame = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else pd.read_csv(p)
+        # CSV: only an empty cell is missing; pandas would also read NA, N/A, None, null, NaN (and
+        # more) as missing, and those are answers too (a yes/no/NA task, a "None" label).
+        frame = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else \
+            pd.read_csv(p, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
         return []
     except Exception as e:

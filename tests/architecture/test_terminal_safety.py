@@ -81,3 +81,16 @@ def test_dashboard_escapes_markup_and_control_characters() -> None:
     assert "sweep [bold red]x[/]" in text
     for c in ("\x1b]", "\x1b[2J", "\r", "\x07", "\u202e"):  # the styles rich adds are its own CSI codes
         assert c not in raw, repr(c)
+
+
+def test_an_error_line_of_millions_of_characters_is_cut_to_a_readable_one(capsys, tmp_path) -> None:
+    def fails() -> int:
+        raise UserError("sweep.yaml: key 'name': " + "x" * 3_000_000 + " (expected a short name)")
+
+    assert guarded(False, fails) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err) < 1_200 and err.startswith("error: sweep.yaml: key 'name': xxx")
+    assert err.endswith("(expected a short name)") and "characters cut" in err
+    # The command line end to end: an over-long config value.
+    assert main([f"algo.objective={'z' * 500_000}"]) == 2
+    assert len(capsys.readouterr().err) < 1_200

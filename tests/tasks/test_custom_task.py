@@ -410,3 +410,56 @@ def test_tiny_model_learns_a_task_from_outside_the_package(tmp_path: Path, monke
     # (seeds 0-2; seed 1 reached 0.435 at step 75), so 150 steps, and seed 0 keeps a margin of 0.05.
     assert curve[-1] - curve[0] >= 0.12, curve
     assert rows[-1]["reward_failures"] == 0
+
+
+# --- data read as written (issue 49): no silent reprs, no answers turned missing --------------
+
+def test_csv_answers_that_pandas_calls_missing_stay_answers(tmp_path: Path) -> None:
+    path = tmp_path / "labels.csv"
+    path.write_text("question,answer\nq1,NA\nq2,None\nq3,null\nq4,N/A\nq5,\n")
+    train, _ = task_from(load_config(overrides=["data.task=file", f"data.path={path}", "data.eval_size=0",
+                                                "data.skip_bad_rows=true"])).splits()
+    assert [e.answer for e in train] == ["NA", "None", "null", "N/A"]  # the empty cell alone is missing
+
+
+def test_parquet_bytes_are_text_and_a_map_answer_is_refused(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "bytes.parquet"
+    pd.DataFrame({"question": [b"1+1=", b"2+2="], "answer": [b"2", b"4"]}).to_parquet(path)
+    train, _ = task_from(load_config(overrides=["data.task=file", f"data.path={path}", "data.eval_size=0"])).splits()
+    assert [(e.prompt, e.answer) for e in train] == [("1+1=", "2"), ("2+2=", "4")]
+    rows = tmp_path / "map.jsonl"
+    write_jsonl(rows, [{"question": "q", "answer": {"value": 3}}])
+    with pytest.raises(DataError, match=r"map.jsonl:1: field 'answer' is a dict, expected the answer as text"):
+        task_from(load_config(overrides=["data.task=file", f"data.path={rows}", "data.eval_size=0"])).splits()
+    nul = write_jsonl(tmp_path / "nul.jsonl", [{"question": "\x00\x00", "answer": "1"}])
+    with pytest.raises(DataError, match="nul.jsonl:1: empty field 'question'"):
+        task_from(load_config(overrides=["data.task=file", f"data.path={nul}", "data.eval_size=0"])).splits()
+
+
+def test_a_reward_function_editing_its_columns_changes_nothing_for_the_next_call(module) -> None:
+    name = module("""
+        def greedy(completions, answer, tags, **kwargs):
+            out = [float(c == a) for c, a in zip(completions, answer)]
+            answer.clear(); tags[0].append("seen"); completions.clear()
+            return out
+    """)
+    ex = Example("0", "p", "a", {"answer": "a", "tags": []})
+    rewards = WeightedRewards(load_reward_functions([f"{name}:greedy"]))
+    assert rewards(["a"], [ex]) == [1.0] and rewards(["a"], [ex]) == [1.0]
+    assert ex.row == {"answer": "a", "tags": []}
+
+
+def test_numpy_bools_count_and_a_huge_int_is_one_line(module) -> None:
+    name = module("""
+        import numpy as np
+        def flags(completions, **kwargs):
+            return [np.bool_(c == "a") for c in completions]
+        def huge(completions, **kwargs):
+            return [10 ** 400 for _ in completions]
+    """)
+    ex = Example("0", "p", "a", {"answer": "a"})
+    assert WeightedRewards(load_reward_functions([f"{name}:flags"]))(["a", "b"], [ex, ex]) == [1.0, 0.0]
+    with pytest.raises(RewardFunctionError, match=r"returned an int too large for a float \(1329 bits\) at index 0"):
+        WeightedRewards(load_reward_functions([f"{name}:huge"]))(["a"], [ex])
