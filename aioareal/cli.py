@@ -76,12 +76,12 @@ def _train(args: argparse.Namespace, restart: bool = False) -> int:
     flags = {k: v for k, v in flags_of(args).items() if k != "run.run_dir"}
     config = resume_config(target, args.overrides, flags, args.force) if target else fresh or load(args)
     if restart:
-        from .allocator import cap_onednn_cache, in_use, reexec
+        from .allocator import cap_onednn_cache, note, reexec
 
         cap_onednn_cache(os.environ)  # before any matmul; the restart inherits it
         reexec(config.run.allocator)  # returns in the process that trains
         if os.environ.get("RANK", "0") == "0":
-            print(f"allocator: {in_use()} (run.allocator={config.run.allocator})")
+            print(note(config.run.allocator))
             bf16_note(config)
     if not target:
         profile_note(args)

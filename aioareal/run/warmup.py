@@ -35,6 +35,7 @@ from ..trainer.supervised import Demo, completion_loss
 from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
+PROGRESS_EVERY_S = 10.0  # a progress line at the first evaluation this long after the last
 EVAL_EVERY = 25
 SUMMARY_FILE = "warmup.json"  # written last: a directory holding it is a finished warm-start
 
@@ -90,6 +91,7 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=(0.9, 0.98), weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
     start, pass_rate, step = time.time(), 0.0, 0
+    said = start
     for step in range(1, w.max_steps + 1):
         k = w.batch_size // 4 if extra else 0  # warmup.extra_ops: a quarter of the batch
         batch = rng.sample(train, w.batch_size - k) + rng.choices(extra, k=k)
@@ -107,6 +109,10 @@ def train_tiny(config: Config, out: Path, log=print) -> dict:
             pass_rate = evaluate_now(model)
             if pass_rate >= w.target_pass_rate:
                 break
+            if time.time() - said > PROGRESS_EVERY_S:  # never silent for long: it takes a minute or more
+                said = time.time()
+                log(f"warm-start: step {step} of at most {w.max_steps}, held-out pass rate {pass_rate:.3f} "
+                    f"(stops at {w.target_pass_rate}), {said - start:.0f} s")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     summary = {"steps": step, "held_out_pass_rate": pass_rate, "seconds": round(time.time() - start, 1)}

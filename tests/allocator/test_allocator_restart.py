@@ -83,3 +83,13 @@ def test_onednn_cache_is_capped_unless_the_user_set_it():
     mine = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
     allocator.cap_onednn_cache(mine)
     assert mine == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+
+
+def test_a_fallback_to_glibc_says_what_it_costs(monkeypatch):
+    monkeypatch.delenv(allocator.MARK, raising=False)
+    line = allocator.note("auto")
+    assert line.startswith("allocator: system (run.allocator=auto); neither tcmalloc nor jemalloc was found")
+    assert "1.4x" in line and "libtcmalloc-minimal4" in line
+    assert allocator.note("system") == "allocator: system (run.allocator=system)"  # asked for: nothing to say
+    monkeypatch.setenv(allocator.MARK, "tcmalloc")
+    assert allocator.note("auto") == "allocator: tcmalloc (run.allocator=auto)"
