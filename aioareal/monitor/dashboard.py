@@ -108,7 +108,8 @@ def _learning(s: Snapshot, width: int) -> list[Text]:
     reward = fmt(s.rewards[-1], ".3f") if s.rewards else "-"
     return [
         _line(("reward  ", "dim"), (f"{sparkline(s.rewards, spark):<{spark}}", "cyan"), f" {reward:>11}"),
-        _line(("eval    ", "dim"), (f"{sparkline([r for _, r in s.evals], spark):<{spark}}", "green"),
+        # A pass rate on its own scale, 0 to 1: min-max scaling drew 0.34 -> 0.43 as floor to ceiling.
+        _line(("eval    ", "dim"), (f"{sparkline([r for _, r in s.evals], spark, lo=0.0, hi=1.0):<{spark}}", "green"),
               f" {last_eval:>11}"),
         _line(("loss ", "dim"), f"{fmt(s.loss, '+.4f'):<10}", ("kl ", "dim"), fmt(s.kl, ".4f")),
         _line(("grad norm ", "dim"), f"{fmt(s.grad_norm, '.3f'):<10}", ("clip ", "dim"), fmt(s.clip_frac, ".3f")),
@@ -185,7 +186,11 @@ def _completion(s: Snapshot, width: int) -> tuple[str, list[Text]]:
         return title, [_line(("  no text (run.sample_text_chars=0)", "dim"))]
     flat = " ".join(one_line(word) for word in s.completion.split())
     cuts = [flat[i * width:(i + 1) * width] for i in range(COMPLETION_LINES - 1)]
-    return title, [_line(cut) for cut in cuts] + [_line(flat[(COMPLETION_LINES - 1) * width:])]
+    lines = [_line(cut) for cut in cuts] + [_line(flat[(COMPLETION_LINES - 1) * width:])]
+    if s.completion_prompt:  # what it answers, on a line of its own above it
+        asked = " ".join(one_line(word) for word in str(s.completion_prompt).split())
+        lines.insert(0, _line(("prompt ", "dim"), (asked[:max(1, width - 7)], "dim")))
+    return title, lines
 
 
 def _header(s: Snapshot) -> Panel:

@@ -57,6 +57,7 @@ class Snapshot:
     logprob_gap_mean: float | None = None  # |log pi_trainer - log pi_behav| on the trainer's version's tokens
     logprob_gap_max: float | None = None
     completion: str | None = None  # the latest trained sample's text (samples.jsonl's, already cut)
+    completion_prompt: str | None = None  # the prompt it answers (samples.jsonl's, shortened)
     completion_reward: float | None = None  # and its reward, at step `completion_step`
     completion_step: int = 0
     gpu_memory: list[tuple[str, float, float]] = field(default_factory=list)  # (device, used GiB, total GiB)
@@ -142,6 +143,7 @@ class LiveState:
             setattr(snap, key, row.get(key))
         sample = self.last_sample
         snap.completion, snap.completion_reward = sample.get("text"), sample.get("reward")
+        snap.completion_prompt = sample.get("prompt")
         snap.completion_step = sample.get("step", 0)
         snap.episode = {k: row[k] for k in EPISODE_KEYS if row.get(k) is not None}
         snap.dropped_stale = row.get("groups_dropped_stale", 0)

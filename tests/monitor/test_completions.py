@@ -99,6 +99,7 @@ def test_dashboard_shows_the_latest_completion_with_its_reward_and_the_gap():
     text = draw(live.refresh(), header=Text("sweep 1/2"))
     assert "latest completion · step 4 · reward 0.000" in text and "logp gap 0.0013 max 0.035" in text
     assert "I think \\x1b[2J it is twenty twenty" in text and "\x1b" not in text  # escapes shown, not run
+    assert "prompt What is 12+7?" in text  # what the completion answers, above it
     lines = text.splitlines()
     assert len(lines) <= 30 and max(len(line) for line in lines) <= 100 and lines[-2].endswith("… │")
     live.record({"step": 5, "reward_mean": 0.5}, [0], sample_rows(5, 5, [group_with_text()], 9.0, 0)[-1])

@@ -168,3 +168,23 @@ def test_dashboard_refreshes_with_header():
         time.sleep(0.1)
     text = console.export_text()
     assert "sweep 1/3" in text and "async-decoupled-20250612-141503" in text
+
+
+def test_the_eval_sparkline_is_drawn_on_the_pass_rates_own_scale():
+    import io
+
+    import torch
+    from rich.console import Console
+
+    from aioareal.monitor.dashboard import TICKS, render
+    from aioareal.monitor.live import LiveState
+
+    live = LiveState("run", "sync", 0, "ppo", [torch.device("cpu")], 10)
+    for step, rate in enumerate([0.34, 0.38, 0.43]):
+        live.record({"step": step, "reward_mean": 0.5, "eval_pass_rate": rate})
+    console = Console(record=True, width=100, height=30, force_terminal=True, color_system=None, file=io.StringIO())
+    console.print(render(live.refresh()))
+    line = next(t for t in console.export_text().splitlines() if "eval " in t and "@" in t)
+    drawn = [c for c in line if c in TICKS]
+    # 0.34 -> 0.43 is a small rise: low blocks, not floor to ceiling as a min-max scale would draw it.
+    assert drawn and max(TICKS.index(c) for c in drawn) <= 3 and TICKS[0] not in drawn, line
