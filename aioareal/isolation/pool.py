@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .spawn import CONTEXT, DEFAULT_MEMORY_MB, start_worker
+from .spawn import CONTEXT, DEFAULT_MEMORY_MB, kill_worker, start_worker
 from .worker import Deferred, Outcome, serve
 
 __all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
@@ -241,8 +241,7 @@ class WorkerPool:
 
     def _stop(self, worker: _Worker, error: str) -> None:
         """Kill a worker; its job (if any) resolves as a timeout, or as `error` when one is given."""
-        if worker.process.is_alive():
-            worker.process.kill()
+        kill_worker(worker.process)  # and the processes it started (spawn.py)
         worker.process.join(2)
         worker.conn.close()
         if worker.job is not None:

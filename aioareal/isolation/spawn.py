@@ -12,7 +12,10 @@ a main module named `*.__main__`.)
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import signal
 import threading
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
@@ -39,6 +42,18 @@ def start_worker(preload: tuple[str, ...], memory_limit_mb: int = 0) -> tuple[An
         _without_main.on = False
     child.close()  # the child holds its end; closing ours lets a dead child read as EOF
     return process, parent
+
+
+def kill_worker(process: Any) -> None:
+    """SIGKILL a worker and every process it started: the worker leads a process group of its own
+    (worker.serve), so a reward function's subprocesses go with it at the deadline, rather than
+    running on and holding the run's output pipes open after it exits. The group is killed while
+    its leader still lives (or, after a crash, while any member does), so its id is still ours."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if process.pid is not None:
+            os.killpg(process.pid, signal.SIGKILL)  # after a crash the group lives on in its children
+    if process.is_alive():
+        process.kill()
 
 
 def _install() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pickle
 import signal
 from collections.abc import Callable
@@ -80,6 +81,7 @@ def serve(conn: Connection, preload: tuple[str, ...], memory_limit_mb: int = 0) 
     """Answer jobs until the parent closes its end of the pipe (or kills this process)."""
     # Ctrl-C in a terminal signals the whole process group: the parent decides when workers end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)  # a group of its own: what a job starts is killed with this worker (spawn.kill_worker)
     limit_memory(memory_limit_mb)
     for module in preload:
         importlib.import_module(module)

@@ -187,3 +187,41 @@ def test_bench_reward_without_grading_cases_times_and_skips_agreement(capsys, mo
     figures = json.loads(lines[-1])
     bench_schema.check(figures, bench_schema.REWARD)
     assert figures["completions"] == 16 and "cases" not in figures and "real_rows" not in figures
+
+
+HANGS_WITH_A_CHILD = """\
+import subprocess, time
+def spawn_and_hang(path):
+    child = subprocess.Popen(["sleep", "60"])
+    with open(path, "w") as f:
+        f.write(str(child.pid))
+    time.sleep(60)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed child whose reaper has not come yet is dead for this purpose)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_jobs_own_child_processes_die_with_it_at_the_deadline(tmp_path, monkeypatch) -> None:
+    (tmp_path / "hangs_with_a_child.py").write_text(HANGS_WITH_A_CHILD)
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers take the parent's sys.path
+    pool = WorkerPool(1)
+    try:
+        assert pool.wait_ready(60)
+        pid_file = tmp_path / "child.pid"
+        outcome = pool.run("hangs_with_a_child:spawn_and_hang", (str(pid_file),), 2.0)
+        assert outcome.status == "timeout" and pid_file.is_file()
+        child = int(pid_file.read_text())
+        deadline = time.monotonic() + 5
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child)  # killed with its worker's process group, not left running
+        assert pool.run("operator:add", (1, 2), 5.0).value == 3
+    finally:
+        pool.close()
