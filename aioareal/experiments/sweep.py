@@ -117,6 +117,7 @@ def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[Pl
             raise UserError(f"{path}: two runs would share the name '{run_name}' (duplicate grid points?)")
         seen.add(run_name)
         run_dir = Path(runs_root) / name / run_name
+        check_name_fits(path, run_name, run_dir)
         flags = {**(spec.get("set") or {}), **values, "run.run_dir": str(run_dir)}
         try:
             config = load_config(base, flags=flags)
@@ -124,6 +125,21 @@ def plan(path: str | Path, runs_root: str | Path = "runs") -> tuple[str, list[Pl
             raise UserError(f"{path}: run '{run_name}': {e}") from None
         runs.append(PlannedRun(run_name, run_dir, config, values))
     return name, runs
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's and macOS's limits on one name and on a whole path
+
+
+def check_name_fits(path: Path, run_name: str, run_dir: Path) -> None:
+    """A run directory's name the file system can create, checked when the plan is made: a name past
+    NAME_MAX bytes failed only when its run came, after the runs before it had trained."""
+    for part in (run_name, run_dir.parent.name):
+        if len(part.encode()) > NAME_MAX:
+            raise UserError(f"{path}: run directory name '{part[:60]}...' is {len(part.encode())} bytes, past the "
+                            f"file system's {NAME_MAX}; shorten the sweep's name or the values its grid varies")
+    if len(str(run_dir.resolve()).encode()) > PATH_MAX:
+        raise UserError(f"{path}: run directory {str(run_dir)[:60]}... is longer than the {PATH_MAX} bytes a path "
+                        "may have")
 
 
 def parse_shard(text: str) -> tuple[int, int]:

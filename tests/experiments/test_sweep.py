@@ -141,3 +141,12 @@ def test_resume_of_a_finished_run_that_lost_its_done_file_marks_it_done(tmp_path
     (run_dir / "DONE").unlink()  # killed after the last checkpoint, before DONE was written
     resume(run_dir, log=lambda *_: None, printer=lambda row: None)
     assert (run_dir / "DONE").exists()
+
+
+def test_a_run_name_too_long_for_the_file_system_fails_when_planned(tmp_path):
+    long_prompt = "q" * 300  # a grid value that goes into the run's directory name
+    spec = SPEC.replace("seeds: [0, 1]", "grid: {{data.system_prompt: [short, " + long_prompt + "]}}\nseeds: [0]")
+    with pytest.raises(UserError, match=r"run directory name '.*' is \d+ bytes, past the file system's 255"):
+        plan(write_spec(tmp_path, spec), tmp_path / "runs")
+    with pytest.raises(UserError, match="past the file system's 255"):  # the sweep's own name too
+        plan(write_spec(tmp_path, SPEC.replace("name: mini", "name: " + "n" * 256)), tmp_path / "runs")
