@@ -17,7 +17,6 @@ Both are created with `dist.timeout_s`: a collective that waits longer fails ins
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from .env import rank_number
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ def init(timeout_s: float, backend: str = "auto", device: torch.device | None = 
     else:
         dist.init_process_group(backend, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
-    _current = World(dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"]), timeout_s, control)
+    _current = World(dist.get_rank(), dist.get_world_size(), rank_number("LOCAL_RANK"), timeout_s, control)
     return _current
 
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 from ..config import Config
 from ..devices import resolve_device
-from ..distributed.env import launched_by_torchrun
+from ..distributed.env import launched_by_torchrun, rank_number
 from ..distributed.world import World, current, init, is_collective_failure, rank_error, teardown
 from ..errors import RunStopped, UserError
 
@@ -20,7 +19,7 @@ def session(config: Config) -> Iterator[World]:
     if not launched_by_torchrun():
         yield current()
         return
-    slot = (int(os.environ["LOCAL_RANK"]), config.rollout.devices_per_rank)
+    slot = (rank_number("LOCAL_RANK"), config.rollout.devices_per_rank)
     device = resolve_device(config.rollout.train_device, "train", slot)
     world = init(config.dist.timeout_s, config.dist.backend, device)
     clean = False

@@ -102,3 +102,19 @@ def test_trl_names_get_the_right_key_not_the_nearest_spelling():
         load_config(None, ["num_generations=8"])
     with pytest.raises(ConfigError, match="did you mean 'algo.lr'"):  # not a TRL name: the nearest key
         load_config(None, ["algo.lrr=1"])
+
+
+def test_a_temperature_whose_logits_overflow_is_refused():
+    with pytest.raises(ConfigError, match=r"generation.temperature': must be a finite number in \[0.001, inf\)"):
+        load_config(None, ["generation.temperature=1e-300"])
+
+
+def test_a_torchrun_variable_that_is_no_number_is_one_line(monkeypatch):
+    from aioareal.run.session import session
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "abc", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match="environment variable LOCAL_RANK='abc': expected a non-negative integer"):
+        with session(load_config(None)):
+            pass
