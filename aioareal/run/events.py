@@ -96,6 +96,29 @@ def run_event_loop(coro: Any) -> Any:
     return run_coroutine(coro, on_interrupt=request_stops)
 
 
+class LoopLag:
+    """How late the run's event loop wakes a coroutine that sleeps TICK_S: the worst since the last
+    `take`, logged as `loop_lag_max` in each step's row. A loop blocked by work that belongs on a
+    thread (a reward function's, a checkpoint's) stalls generation, training and Ctrl-C alike; the
+    row names the step where it happened."""
+
+    TICK_S = 0.05
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+    async def watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.TICK_S)
+            self.worst = max(self.worst, loop.time() - start - self.TICK_S)
+
+    def take(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return round(worst, 4)
+
+
 def quiet(*_: Any) -> None:
     pass
 

@@ -45,7 +45,7 @@ from .build import (
 )
 from .cell import Cell, current_cell
 from .evaluation import KeptCompletions
-from .events import quiet, run_event_loop, step_printer, stop_signals
+from .events import LoopLag, quiet, run_event_loop, step_printer, stop_signals
 from .hooks import RunHooks
 from .rollout import EvalInputs, Rollout, rollout_kind
 
@@ -132,7 +132,7 @@ OnStep = Callable[[dict[str, Any]], Any]  # a step's metrics row -> truthy to st
 
 
 def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None], on_step: OnStep | None = None,
-                stop: Callable[[], None] = lambda: None) -> RunHooks:
+                stop: Callable[[], None] = lambda: None, lag: LoopLag | None = None) -> RunHooks:
     c = parts.config
 
     def show(report: StepReport) -> None:
@@ -143,6 +143,8 @@ def build_hooks(parts: Parts, printer: Callable[[dict[str, Any]], None], on_step
             stop()
 
     def write_row(row: dict[str, Any]) -> None:
+        if lag is not None:
+            row["loop_lag_max"] = lag.take()  # seconds, the event loop's worst lateness since the last row
         parts.log.step(row)  # metrics.jsonl, the source of truth
         if "eval_pass_rate" in row and parts.kept is not None:  # an evaluation's completions, under its step
             parts.log.eval_samples(parts.kept.take(), row["step"])
@@ -161,16 +163,19 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None],
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     rollout = parts.rollout
     stoppable: list[Any] = []  # the stop target, once the orchestrator exists
-    hooks = build_hooks(parts, printer, on_step, stop=lambda: stoppable[0].request_stop())
+    lag = LoopLag()
+    hooks = build_hooks(parts, printer, on_step, stop=lambda: stoppable[0].request_stop(), lag=lag)
     orchestrator = Orchestrator(schedule, rollout.generator, parts.trainer, parts.prompts, rollout.score,
                                 parts.cell.hooks(hooks), resume=parts.resume, score_counters=rollout.counters)
     stoppable.append(parts.cell.stop_target(orchestrator))
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
+    watcher = asyncio.create_task(lag.watch())
     try:
         with stop_signals(stoppable[0]):
             await orchestrator.run()
     finally:
         refresher.cancel()
+        watcher.cancel()
     return orchestrator
 
 
