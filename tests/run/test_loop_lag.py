@@ -30,7 +30,7 @@ def test_every_metrics_row_of_a_run_has_it(tmp_path, tiny_model_path):
     from aioareal.config import load_config
     from aioareal.run.recipe import train
 
-    config = load_config(None, ["train.steps=2", "algo.batch_groups=2", "algo.group_size=2", "data.eval_size=2",
+    config = load_config(None, ["train.steps=2", "algo.batch_groups=2", "algo.group_size=2",
                                 f"run.run_dir={tmp_path / 'run'}", "run.dashboard=off"])
     run_dir = train(config, log=lambda *_: None, printer=lambda row: None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
