@@ -5,7 +5,7 @@ GRPOTrainer signature, `fn(completions, **kwargs) -> list[float]`, called on a b
 group): `completions` are the decoded completions (strings), `prompts` the examples' prompts, and
 every other column of the dataset rows comes as a list aligned with `completions`, so
 `def exact(completions, answer, **kwargs)` works as written for TRL. A function without `**kwargs`
-gets only the columns it names. `async def` functions are run to completion with `asyncio.run` in
+gets only the columns it names. `async def` functions are run to completion (loops.run_coroutine) in
 the reward service's worker thread (a fresh event loop per call), under the service's timeout;
 with `reward.isolation=process` the same happens in a worker process (`isolated`).
 
@@ -23,14 +23,12 @@ is counted (`eval_reward_failures`).
 """
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
 import math
 import numbers
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Any
@@ -38,6 +36,7 @@ from typing import Any
 from ..errors import UserError
 from ..isolation.guarded import GuardedCaller
 from ..isolation.pool import Deferred, Outcome
+from ..loops import run_coroutine
 from ..usercode import first_line as _first_line
 from ..usercode import is_registered, resolve_spec
 from ..usercode import user_frame as _user_frame
@@ -77,7 +76,7 @@ class RewardFunction:
         # must not change the data set that every later call, and the held-out scoring, reads.
         result = self.fn(completions=list(completions), **copy.deepcopy(kwargs))
         if inspect.isawaitable(result):
-            result = run_to_completion(result)
+            result = run_coroutine(_awaited(result))  # a fresh loop (beside one if this thread runs one)
         return self._values(result, len(completions))
 
     def _values(self, result: Any, n: int) -> list[float | None]:
@@ -107,17 +106,8 @@ class RewardFunction:
         return None if math.isnan(value) else value
 
 
-def run_to_completion(awaitable: Awaitable[Any]) -> Any:
-    """Result of an async reward function, from a synchronous caller (a reward worker thread)."""
-    async def wait() -> Any:
-        return await awaitable
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # the usual case: no loop in this thread
-        return asyncio.run(wait())
-    with ThreadPoolExecutor(1) as pool:  # called from inside a loop: asyncio.run needs a thread of its own
-        return pool.submit(asyncio.run, wait()).result()
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def batch_columns(examples: list[Example], completion_ids: list[list[int]] | None = None) -> dict[str, list[Any]]:
