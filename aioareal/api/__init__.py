@@ -21,8 +21,7 @@ The run comes back as a `Run` (run.py): its directory, config, metrics, samples,
 """
 from __future__ import annotations
 
-from .eval_figures import evaluate
-from .run import Run
+from .run import Run, evaluate
 from .training import train
 
 __all__ = ["Run", "evaluate", "train"]
