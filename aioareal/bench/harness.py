@@ -21,9 +21,8 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..models import load_model, random_model, resolve_dtype
-from ..models.load_policy import RANDOM_PREFIX
 from ..models.named import NAMED
-from ..models.shapes import SHAPES
+from ..models.shapes import RANDOM_PREFIX, SHAPES
 
 
 def pick_device(name: str) -> torch.device:

@@ -33,11 +33,14 @@ from transformers import (
 )
 
 from ..errors import UserError
+from . import lora
 from .attention import ATTENTION
 from .gguf import cached_gguf, gguf_file
 from .local_names import check_local, is_local_name
+from .merged_adapter import adapter_dir, base_name, copy_side_files
+from .merged_adapter import cached as cached_merge
 from .named import named_gguf
-from .shapes import SHAPES, shape_config
+from .shapes import RANDOM_PREFIX, SHAPES, shape_config
 from .tokenizer import build_char_tokenizer, vocab_size_padded
 
 try:  # progress bars from weight loading would garble the dashboard and the logs
@@ -47,7 +50,6 @@ try:  # progress bars from weight loading would garble the dashboard and the log
 except ImportError:  # pragma: no cover - older transformers
     pass
 
-RANDOM_PREFIX = "random:"
 MAX_INDEX_BYTES = 64 << 20  # a shard index lists tensor names: megabytes even for the largest models
 ALLOW_PICKLE_HINT = ("loading pickle weights (*.bin) can run code hidden in them, so it needs "
                      "model.allow_pickle=true: set it only for a model you trust, or convert the weights to "
@@ -79,9 +81,25 @@ def resolve_source(name: str) -> str:
     """What transformers loads for `name`: a named offline model (named.py), a `.gguf` file or a
     directory holding one load from their converted, cached safetensors directory (gguf.py), so
     every caller (engine, trainer, reference model, bench) reads plain safetensors; any other name
-    is itself."""
+    is itself. A LoRA adapter directory loads as its base with the adapter merged (merged_adapter.py)."""
     source = named_gguf(name) or gguf_file(name)
-    return str(cached_gguf(source)) if source else name
+    if source:
+        return str(cached_gguf(source))
+    adapter = adapter_dir(name)
+    if adapter is None:
+        return name
+    base = resolve_source(base_name(adapter))
+    return str(cached_merge(adapter, base, lambda out: _write_merged(base, adapter, out)))
+
+
+def _write_merged(base: str, adapter: Path, out: Path) -> None:
+    """The base in fp32 with `adapter` merged, saved in Hugging Face format with the base's tokenizer."""
+    peft = lora.wrap(load_model(base, torch.float32, torch.device("cpu")), None, adapter)
+    lora.save_merged(peft.get_base_model(), out)
+    if Path(base).is_dir():
+        copy_side_files(Path(base), out)
+    else:
+        load_tokenizer(base).save_pretrained(out)
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -30,9 +30,11 @@ from transformers import PreTrainedModel
 
 from ..config import ModelConfig
 from ..errors import UserError
+from .merged_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_dir
+from .named import NAMED
+from .shapes import RANDOM_PREFIX
 
 ADAPTER = "default"  # peft's name for the one adapter a run trains
-ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 PEFT_PREFIX = "base_model.model."  # where PeftModel keeps the HF model: its adapter files use these names
 
 
@@ -49,17 +51,17 @@ def is_lora(model: nn.Module) -> bool:
     return bool(getattr(model, "peft_config", None))
 
 
-def wrap(model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None = None) -> Any:
-    """Freeze `model` and add LoRA adapters: fresh ones (B = 0, so the policy starts as the base),
-    or those a checkpoint saved in `adapter_dir`. Returns the PeftModel."""
+def wrap(model: PreTrainedModel, config: ModelConfig | None, adapter_dir: Path | None = None) -> Any:
+    """Freeze `model` and add LoRA adapters: fresh ones (B = 0, so the policy starts as the base) shaped
+    by `config`, or those a checkpoint saved in `adapter_dir`. Returns the PeftModel."""
     peft = _peft()
     with warnings.catch_warnings():  # peft calls a transformers method transformers has since renamed
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return _wrap(peft, model, config, adapter_dir)
 
 
-def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig, adapter_dir: Path | None) -> Any:
-    if adapter_dir is not None:
+def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig | None, adapter_dir: Path | None) -> Any:
+    if adapter_dir is not None or config is None:
         return peft.PeftModel.from_pretrained(model, str(adapter_dir), adapter_name=ADAPTER, is_trainable=True)
     present = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     missing = [t for t in config.lora_targets if t not in present]
@@ -68,7 +70,17 @@ def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig, adapter_dir: P
                         f"it has {', '.join(sorted(present))}")
     lora = peft.LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                            target_modules=list(config.lora_targets), bias="none")
-    return peft.get_peft_model(model, lora, adapter_name=ADAPTER)
+    wrapped = peft.get_peft_model(model, lora, adapter_name=ADAPTER)
+    if portable_name(config.name):  # saved adapters name their base as the run did, not by a cache path
+        wrapped.peft_config[ADAPTER].base_model_name_or_path = config.name
+    return wrapped
+
+
+def portable_name(name: str) -> bool:
+    """Whether model.name loads the same model on another machine with the project installed: a named
+    offline model, a seeded random one, an adapter directory (named.py, merged_adapter.py), not a cache
+    path."""
+    return name in NAMED or name.startswith(RANDOM_PREFIX) or adapter_dir(name) is not None
 
 
 class AdaptersOff:
@@ -124,7 +136,7 @@ def save_adapter(model: nn.Module, path: Path) -> None:
     from safetensors.torch import save_file
 
     peft = _peft()
-    state = peft.get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    state = peft.get_peft_model_state_dict(model, adapter_name=ADAPTER, save_embedding_layers=False)
     path.mkdir(parents=True, exist_ok=True)
     save_file({PEFT_PREFIX + k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS),
               metadata={"format": "pt"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from transformers import Qwen2Config
 
+RANDOM_PREFIX = "random:"  # model.name=random:<shape>: a shape below with seeded random weights
+
 SHAPES: dict[str, dict] = {
     # ~0.8M parameters: trains and generates in milliseconds on a laptop CPU.
     "tiny": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,

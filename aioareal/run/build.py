@@ -159,10 +159,7 @@ def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_
     generator holds the base, and the weight sync merges the adapters into it. The KL reference
     is the same model with its adapters off."""
     m = config.model
-    adapter = resume_from / ADAPTER_DIR if resume_from else None
-    if adapter is not None and not adapter.is_dir():
-        raise UserError(f"model.lora_rank={m.lora_rank}, but checkpoint {resume_from} holds no {ADAPTER_DIR}/ "
-                        "(a full fine-tuning run wrote it); resume it with model.lora_rank=0")
+    adapter = resume_adapter(config, resume_from)
     gen = load_model(start, resolve_dtype(m.dtype, gen_device), gen_device, m.trust_remote_code,
                      allow_pickle=m.allow_pickle)
     compute_dtype = resolve_dtype(m.train_dtype, train_device)
@@ -173,6 +170,15 @@ def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_
         checkpoint_activations(train)
     ref = lora.AdaptersOff(peft_model) if config.algo.kl_coef > 0 else None
     return Models(gen, train, ref, compute_dtype)
+
+
+def resume_adapter(config: Config, resume_from: Path | None) -> Path | None:
+    """The adapter/ a LoRA run continues from: None for a fresh run; a checkpoint without one is refused."""
+    adapter = resume_from / ADAPTER_DIR if resume_from else None
+    if adapter is not None and not adapter.is_dir():
+        raise UserError(f"model.lora_rank={config.model.lora_rank}, but checkpoint {resume_from} holds no "
+                        f"{ADAPTER_DIR}/ (a full fine-tuning run wrote it); resume it with model.lora_rank=0")
+    return adapter
 
 
 def context_length(model: PreTrainedModel, longest_prompt: int, new_tokens: int, what: str) -> int:

@@ -36,7 +36,7 @@ from ..checkpoint.resume_plan import decide, resume_config
 from ..config import Config, load_config, save_config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
-from ..models import load_model, load_tokenizer, resolve_dtype
+from ..models import load_model, load_tokenizer, lora, resolve_dtype
 from ..models.load_policy import END_OF_TURN
 from ..monitor.metrics import RunLog
 from ..tasks import PromptRenderer
@@ -45,7 +45,7 @@ from ..tasks.rows import field_value, read_file
 from ..trainer.optim import build_optimizer, freeze_embeddings
 from ..trainer.supervised import Demo, completion_loss
 from ..trainer.trainer import autocasts
-from .build import build_data, model_path, task_from
+from .build import build_data, model_path, resume_adapter, task_from
 
 Log = Callable[[str], None]
 SFT_MARKER = "SFT"  # in an sft run's directory: `sft --resume` continues only these, an RL resume refuses them
@@ -145,16 +145,27 @@ def held_out_loss(model: Any, demos: list[Demo], micro: int, device: torch.devic
     return total / max(tokens, 1)
 
 
-def _trainee(config: Config, source: str, device: torch.device) -> tuple[Any, list, torch.optim.Optimizer, Any]:
+def _trainee(config: Config, base: str, resume_from: Path | None,
+             device: torch.device) -> tuple[Any, list, torch.optim.Optimizer, Any]:
     """The model to train, its trained parameters, their AdamW and the forward's autocast context.
-    fp32 master weights, as RL's trainer keeps (run/build.py): Adam's steps of about lr are below a bf16
-    weight's rounding step, and would be lost; the forward autocasts to model.train_dtype by the
-    trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU)."""
+    Full fine-tuning keeps fp32 master weights, as RL's trainer does (run/build.py): Adam's steps of
+    about lr are below a bf16 weight's rounding step, and would be lost. With model.lora_rank > 0 only
+    the adapters train (fp32), the frozen base held in the compute dtype on CUDA as RL's LoRA holds it
+    (fp32 on the CPU, where autocast casts it per op anyway and a bf16 base would round the merged
+    policy's small updates away); a resume loads the base again plus the checkpoint's adapter/
+    (whose PEFT files alone load as the policy: models/merged_adapter.py). The forward autocasts to
+    model.train_dtype by the trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU)."""
     m = config.model
     torch.manual_seed(config.run.seed)
-    model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
     compute = resolve_dtype(m.train_dtype, device)
     cast = torch.autocast(device.type, dtype=compute) if autocasts(device, compute) else contextlib.nullcontext()
+    if m.lora_rank:
+        held = compute if device.type == "cuda" else torch.float32  # the CPU's merged policy/ keeps fp32's precision
+        frozen = load_model(base, held, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
+        model = lora.wrap(frozen, m, resume_adapter(config, resume_from)).get_base_model()
+    else:
+        source = str(resume_from / checkpoint.POLICY_DIR) if resume_from else base
+        model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
     model.train()
     algo = replace(config.algo, lr=config.sft.lr)
     freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0, as in RL
@@ -169,10 +180,12 @@ def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path
     """Fine-tune config.model on the demonstrations into `run_dir`; returns the last checkpoint."""
     s, m = config.sft, config.model
     device = resolve_device(config.rollout.train_device, "train")
-    source = str(resume_from / checkpoint.POLICY_DIR) if resume_from else model_path(config, log)
-    tokenizer = load_tokenizer(source, m.trust_remote_code)
+    base = model_path(config, log)
+    tokenizer = load_tokenizer(str(resume_from / checkpoint.POLICY_DIR) if resume_from else base, m.trust_remote_code)
     train, held = demonstrations(config, tokenizer, log)
-    model, params, optimizer, cast = _trainee(config, source, device)
+    model, params, optimizer, cast = _trainee(config, base, resume_from, device)
+    if m.lora_rank:
+        log(f"sft: {lora.describe(model)}")
     state = RunState(step=0, cursor=0, elapsed=0.0)
     if resume_from is not None:
         state = checkpoint.load_state(resume_from)

@@ -225,3 +225,37 @@ def test_masters_stay_fp32_when_the_forward_autocasts(tmp_path):
     sft(load_config(None, [*RANDOM, "sft.steps=2", "model.train_dtype=bfloat16", f"run.run_dir={run}"]),
         log=lambda _: None)
     assert {t.dtype for t in weights(run, 2).values()} == {torch.float32}
+
+
+def test_a_lora_run_resumes_to_the_same_adapter_and_the_adapter_alone_is_the_policy(tmp_path, monkeypatch):
+    """model.lora_rank > 0: only the adapters train, a run killed mid-way resumes to the unbroken run's
+    adapter, and the checkpoint's adapter/ (a few MB, what a repository can keep) loads as model.name
+    to the same weights as its merged policy/."""
+    pytest.importorskip("peft")
+    monkeypatch.setenv("AIOAREAL_CACHE_DIR", str(tmp_path / "cache"))
+    keys = [*RANDOM, "model.lora_rank=4", "sft.steps=4", "sft.lr=1e-2", "run.checkpoint_every=2"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    sft(load_config(None, [*keys, f"run.run_dir={whole}"]), log=lambda _: None)
+    held = [r["eval_loss"] for r in metrics(whole) if "eval_loss" in r]
+    assert held[-1] < held[0], held
+    real_step = sft_module._optimizer_step
+    calls = {"n": 0}
+
+    def dies_at_step_3(*args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step(*args)
+    monkeypatch.setattr(sft_module, "_optimizer_step", dies_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        sft(load_config(None, [*keys, f"run.run_dir={cut}"]), log=lambda _: None)
+    monkeypatch.setattr(sft_module, "_optimizer_step", real_step)
+    assert main(["sft", "--resume", str(cut)]) == 0
+    adapter = cut / "checkpoints" / "step-000004" / "adapter"
+    unbroken = load_file(whole / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors")
+    for name, tensor in load_file(adapter / "adapter_model.safetensors").items():
+        torch.testing.assert_close(tensor, unbroken[name], atol=1e-6, rtol=1e-5)
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "random:tiny"
+    merged = load_model(str(adapter), torch.float32, torch.device("cpu")).state_dict()
+    for name, tensor in weights(cut, 4).items():
+        torch.testing.assert_close(merged[name], tensor, atol=1e-6, rtol=1e-5)
