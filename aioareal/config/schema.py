@@ -76,6 +76,9 @@ class DataConfig:
     max_prompt_tokens: int = doc("prompts longer than this are an error (or skipped with data.skip_bad_rows)", 512)
     skip_bad_rows: bool = doc("skip and count malformed/too-long rows instead of stopping", False)
     shuffle_seed: int = doc("seed of the training-prompt shuffle", 1234)
+    order: Literal["shuffled", "easy-first"] = doc(
+        "training-prompt order: shuffled every epoch, or easy-first = the first epoch from the shortest reference "
+        "answer to the longest (GSM8K: its worked solution, so the fewest steps first), shuffled after", "shuffled")
     episode: str | None = doc("multi-turn episodes: a built-in (calculator, single_turn) or your own async "
                               "episode(example, gen) by import path, 'path/to/env.py:name' (docs/episodes.md); "
                               "none = single completions", None)

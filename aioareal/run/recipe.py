@@ -120,7 +120,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     rollout = kind.rollout(engine_worker, rewards, evaluator)
     source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],
                           seed=config.run.seed * 7919 + config.data.shuffle_seed, cursor=state.cursor if state else 0,
-                          stride=cell.world.size, offset=cell.world.rank)
+                          stride=cell.world.size, offset=cell.world.rank, easy_first=config.data.order == "easy-first")
     live = LiveState(run_dir.name, config.rollout.mode, config.rollout.max_staleness, config.algo.objective,
                      [gen_device, train_device], config.train.steps, cell.world.size)
     return Parts(config, run_dir, cell, engine, rollout, trainer_worker, rewards, source,

@@ -220,3 +220,25 @@ def test_a_failure_while_scoring_a_group_ends_the_run_instead_of_hanging_it():
     o = Orchestrator(Schedule("async", 2, 4, 4, 10), gen, trainer, prompts, score, Recorder())
     with pytest.raises(ValueError, match="scorer bug"):  # not a timeout: the run did not wait forever
         run_virtual(asyncio.wait_for(o.run(), 10_000))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=12), cut=st.integers(0, 30), seed=st.integers(0, 9))
+def test_easy_first_runs_the_first_epoch_short_answers_first_and_resumes_exactly(lengths, cut, seed):
+    """data.order=easy-first: epoch 0 holds every prompt once, from the shortest reference answer to the
+    longest; later epochs are the shuffled ones; a source resumed at any cursor draws what the
+    unbroken one drew."""
+    examples = [Example(str(i), f"q{i}", "x" * n) for i, n in enumerate(lengths)]
+    n = len(examples)
+
+    def draws(cursor: int, count: int) -> list[str]:
+        source = PromptSource(examples, lambda e: [], seed=seed, cursor=cursor, easy_first=True)
+        return [source.next()[0].uid for _ in range(count)]
+    stream = draws(0, 3 * n)
+    first = stream[:n]
+    assert sorted(first) == sorted(e.uid for e in examples)
+    assert [lengths[int(u)] for u in first] == sorted(lengths)
+    shuffled = PromptSource(examples, lambda e: [], seed=seed)
+    assert stream[n:] == [shuffled.next()[0].uid for _ in range(3 * n)][n:]
+    cut %= 3 * n
+    assert draws(cut, 3 * n - cut) == stream[cut:]
