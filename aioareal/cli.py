@@ -223,9 +223,10 @@ def commands() -> dict[str, Callable[[list[str]], int]]:
             return getattr(importlib.import_module(module, __package__), name)(a)
         return run
     return {"train": cmd_train, "warmup": cmd_warmup, "sft": lazy(".run.sft", "main"), "config": cmd_config,
-            "plot": lazy(".experiments.commands", "cmd_plot"), "report": lazy(".experiments.commands", "cmd_report"),
-            "sweep": lazy(".experiments.commands", "cmd_sweep"), "bench": lazy(".bench", "main"),
-            "simulate": lazy(".simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
+            "plot": lazy(".lab.experiments.commands", "cmd_plot"),
+            "report": lazy(".lab.experiments.commands", "cmd_report"),
+            "sweep": lazy(".lab.experiments.commands", "cmd_sweep"), "bench": lazy(".lab.bench", "main"),
+            "simulate": lazy(".lab.simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
             "eval": lazy(".use.eval_command", "main"), "chat": lazy(".use.chat", "main"),
             "export": lazy(".checkpoint.export", "main")}
 

@@ -26,9 +26,9 @@ LAYERS = [
     ["aioareal.run"],
     ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models
     ["aioareal.api"],  # the Python API: train, evaluate, Run; the command line trains through it
-    ["aioareal.simulate"],
-    ["aioareal.bench"],
-    ["aioareal.experiments"],
+    ["aioareal.lab", "aioareal.lab.simulate"],
+    ["aioareal.lab.bench"],
+    ["aioareal.lab.experiments"],
     ["aioareal.cli", "aioareal.__main__", "aioareal"],
 ]
 

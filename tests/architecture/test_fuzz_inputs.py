@@ -27,8 +27,8 @@ from aioareal.checkpoint import load_state
 from aioareal.config import known_keys, load_config
 from aioareal.config.layering import section_types
 from aioareal.errors import guarded
-from aioareal.experiments.load import read_config, read_frame
-from aioareal.experiments.sweep import plan
+from aioareal.lab.experiments.load import read_config, read_frame
+from aioareal.lab.experiments.sweep import plan
 from aioareal.monitor.completions import read_samples
 from aioareal.monitor.metrics import RunLog
 from aioareal.run.build import task_from

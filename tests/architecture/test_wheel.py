@@ -29,8 +29,8 @@ def built_wheel(tmp_path: Path) -> dict[str, bytes]:
 
 def test_the_wheel_ships_no_test_data_cases_or_doubles(tmp_path: Path) -> None:
     names = built_wheel(tmp_path)
-    assert {"aioareal/__main__.py", "aioareal/cli.py", "aioareal/bench/reward.py", "aioareal/bench/cases.py"} <= set(
-        names)  # the trainer and its commands
+    shipped = {"aioareal/__main__.py", "aioareal/cli.py", "aioareal/lab/bench/reward.py", "aioareal/lab/bench/cases.py"}
+    assert shipped <= set(names)  # the trainer and its commands
     assert [n for n in names if not n.startswith(("aioareal/", "aioareal-"))] == []  # no tests/, no data/
     assert [n for n in names if not n.endswith(".py") and not n.startswith("aioareal-")] == []
     assert [n for n in names if any(word in n for word in ("cases.jsonl", "grading_cases", "real_completions",

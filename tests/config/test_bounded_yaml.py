@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from aioareal.config import load_config
 from aioareal.config.bounded_yaml import MAX_DEPTH, load_yaml, load_yaml_text
 from aioareal.errors import SHOWN_CHARS, UserError, shown
-from aioareal.experiments.load import read_config
-from aioareal.experiments.sweep import read_spec
+from aioareal.lab.experiments.load import read_config
+from aioareal.lab.experiments.sweep import read_spec
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

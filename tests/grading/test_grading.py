@@ -9,11 +9,11 @@ from fractions import Fraction
 import pytest
 from gsm8k_data import GSM8KTest
 
-from aioareal.bench.cases import REPOSITORY_DIR, load_cases
 from aioareal.grading.final_answer import find_answer
 from aioareal.grading.numbers import NumberTooLong, read_span
 from aioareal.grading.verify import grade, grade_batch, grade_now
 from aioareal.isolation.pool import Deferred
+from aioareal.lab.bench.cases import REPOSITORY_DIR, load_cases
 from aioareal.tasks.gsm8k import gsm8k_reward
 
 CASES = load_cases(REPOSITORY_DIR)
@@ -74,7 +74,7 @@ def test_answer_sources() -> None:
 def test_gsm8k_like_completions_of_every_test_item_grade_right(gsm8k_test: GSM8KTest) -> None:
     """`bench reward`'s completions (eight closing styles) for every test item (the slice's 100, or
     all 1,319), right and wrong."""
-    from aioareal.bench.reward import completions
+    from aioareal.lab.bench.reward import completions
 
     rows = gsm8k_test.rows if len(gsm8k_test.rows) % 2 else gsm8k_test.rows + gsm8k_test.rows[:1]
     golds, texts = completions(rows, 2 * len(rows))  # an odd count of rows: each item both right and wrong

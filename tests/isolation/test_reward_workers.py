@@ -177,9 +177,9 @@ def test_bench_reward_reports_throughput_and_agreement(capsys, tmp_path: Path) -
 
 def test_bench_reward_without_grading_cases_times_and_skips_agreement(capsys, monkeypatch, tmp_path: Path) -> None:
     """An installed wheel ships no grading data: the speed figures run, agreement is skipped with a note."""
-    import aioareal.bench.cases
+    import aioareal.lab.bench.cases
 
-    monkeypatch.setattr(aioareal.bench.cases, "REPOSITORY_DIR", tmp_path / "site-packages" / "tests" / "data")
+    monkeypatch.setattr(aioareal.lab.bench.cases, "REPOSITORY_DIR", tmp_path / "site-packages" / "tests" / "data")
     assert main(["bench", "reward", "--data", str(gsm8k_data.SLICE / "train.jsonl"), "--completions", "16",
                  "--repeats", "1", "--workers", "1", "--chunk", "8"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

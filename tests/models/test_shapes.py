@@ -27,7 +27,7 @@ def test_the_qwen_shape_has_qwens_parameter_count():
 def test_a_bench_draws_random_weights_on_its_device_and_a_run_on_the_cpu(monkeypatch):
     # bench/harness.py builds on the bench's device (a GPU then initializes Qwen2.5-0.5B in
     # milliseconds, not ~35 s on the host); a run's random model is drawn on the CPU wherever it goes.
-    from aioareal.bench.harness import build_model
+    from aioareal.lab.bench.harness import build_model
     from aioareal.models import load_policy, random_model
 
     built_on = []

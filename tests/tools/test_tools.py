@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioareal.errors import ConfigError, UserError
-from aioareal.simulate.virtualclock import run_virtual
+from aioareal.lab.simulate.virtualclock import run_virtual
 from aioareal.tools import CalculatorError, Tool, ToolBox, build_toolbox, calculate, load_tools
 
 
