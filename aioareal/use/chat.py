@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,12 @@ def open_conversation(name: str, overrides: list[str], config_file: str | None =
     config, start = target_config([target], config_file, overrides)
     source = model_source(target, start)
     device = resolve_device(config.rollout.gen_device, "gen")
+    started = time.perf_counter()  # a real model loads for seconds: say so on stderr, not in the reply's stdout
+    print(f"chat: loading {source} on {device} ...", file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(source, config.model.trust_remote_code)
     model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,
                        allow_pickle=config.model.allow_pickle).eval()
+    print(f"chat: ready in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     limit = max_new_tokens or (NAMED_MODEL_TOKENS if target.named and target.model != "tiny"
                                else config.generation.max_new_tokens)
     chat_format = uses_chat_template(config, bool(target.run_config or config_file), source)

@@ -24,9 +24,12 @@ class Piped(io.StringIO):
 
 def test_one_shot_prompt_answers_from_the_tiny_model(tiny_model_path, capsys):
     assert main(["chat", str(tiny_model_path), "--prompt", "12+34="]) == 0
-    out = capsys.readouterr().out
+    said = capsys.readouterr()
+    out = said.out
     assert out.strip() and out.endswith("\n")
     assert out.strip()[0].isdigit()  # the warm-started model answers sums with digits
+    loading, ready = said.err.splitlines()[-2:]  # the load is said on stderr, before the first reply
+    assert loading.startswith("chat: loading ") and ready.startswith("chat: ready in ")
 
 
 def test_piped_prompts_are_answered_one_per_line(tiny_model_path, capsys, monkeypatch):
