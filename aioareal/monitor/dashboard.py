@@ -275,7 +275,7 @@ class Dashboard:
                  refresh_per_second: float = 4) -> None:
         self.snapshot_fn, self.header_fn = snapshot_fn, header_fn
         self.live = Live(get_renderable=self._renderable, console=console, refresh_per_second=refresh_per_second,
-                         auto_refresh=True, transient=False, redirect_stdout=True, redirect_stderr=False,
+                         auto_refresh=True, transient=False, redirect_stdout=True, redirect_stderr=True,
                          screen=False)
 
     def _renderable(self) -> RenderableType:

@@ -188,3 +188,16 @@ def test_the_eval_sparkline_is_drawn_on_the_pass_rates_own_scale():
     drawn = [c for c in line if c in TICKS]
     # 0.34 -> 0.43 is a small rise: low blocks, not floor to ceiling as a min-max scale would draw it.
     assert drawn and max(TICKS.index(c) for c in drawn) <= 3 and TICKS[0] not in drawn, line
+
+
+def test_lines_on_stderr_print_above_the_live_frame_not_into_it(capsys):
+    """A warning written to stderr while the dashboard is live goes through its console, above the
+    frame (rich redraws the frame below it), not straight to the terminal through the frame's lines."""
+    import sys
+
+    console = recording_console()
+    with Dashboard(make_snapshot, console=console, refresh_per_second=50):
+        print("warning: something the run says on stderr", file=sys.stderr)
+        time.sleep(0.05)
+    assert "warning: something the run says on stderr" in console.export_text()
+    assert "something the run says" not in capsys.readouterr().err
