@@ -3,11 +3,17 @@
 asyncio allows one running loop per thread, and `asyncio.run` refuses to start where one runs
 already: in Jupyter and IPython (the kernel's loop runs the cell), or in an application's own loop.
 There the coroutine runs on a thread of its own, with its own loop, and the caller's thread waits.
-Everywhere else it is plain `asyncio.run`, on uvloop when installed (faster loop internals)."""
+Everywhere else it is plain `asyncio.run`, on uvloop when installed (faster loop internals).
+
+A run that hangs (a thread's call that never returns, a loop blocked by code that belongs on a
+thread) cannot be stopped from the loop: `exit_stalled` ends the process with EXIT_STALLED and the
+cause in one line (the run/events.py watchdog, orchestrator/workers.py's budgets)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -61,3 +67,22 @@ def _run_beside(coro: Coroutine[Any, Any, Any], on_interrupt: Callable[[], None]
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+EXIT_STALLED = 3  # the exit status of a run ended because it hung
+CLOSE_GRACE_S = 30.0  # after a stall, how long the run has to close before the process exits
+
+
+def exit_stalled(cause: str) -> None:
+    print(f"error: {cause}; exiting (status {EXIT_STALLED})", file=sys.stderr, flush=True)
+    os._exit(EXIT_STALLED)
+
+
+def exit_unless(done: threading.Event, cause: str, grace_s: float | None = None) -> None:
+    """End the process (exit_stalled) if `done` is not set within `grace_s` (CLOSE_GRACE_S)."""
+    def check() -> None:
+        if not done.is_set():
+            exit_stalled(cause)
+    timer = threading.Timer(CLOSE_GRACE_S if grace_s is None else grace_s, check)
+    timer.daemon = True
+    timer.start()

@@ -55,7 +55,7 @@ RANGES: dict[str, str] = {
     "warmup.target_pass_rate": "(0, 1)", "warmup.max_steps": "[0, inf)", "warmup.batch_size": "[1, inf)",
     "warmup.lr": "(0, inf)", "warmup.digits": "[0, 6]", "warmup.extra_digits": "[1, 6]", "warmup.extra_calls": "[0, 1]",
     "run.seed": SEED, "run.sample_text_chars": "[0, inf)", "run.checkpoint_every": "[0, inf)",
-    "run.keep_checkpoints": "[1, inf)", "run.cpu_threads": "[0, 4096]",
+    "run.keep_checkpoints": "[1, inf)", "run.stall_timeout_s": "[0, inf)", "run.cpu_threads": "[0, 4096]",
     "run.mmap_threshold_mb": "[0, 32]",
     "dist.timeout_s": TIMEOUT, "dist.world_size": "[0, inf)",
 }

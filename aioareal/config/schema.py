@@ -220,6 +220,10 @@ class RunConfig:
                                  "with …); the prompt's text is kept when it fits in this and 500; 0 = no text", 4000)
     checkpoint_every: int = doc("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = doc("checkpoints kept (oldest removed)", 2)
+    stall_timeout_s: float = doc(
+        "a hang, not a wait: one generator step, training step or checkpoint write running longer, or the "
+        "event loop blocked longer, ends the run with a one-line cause (0 = wait forever); far above any "
+        "healthy step", 1800.0)
     cpu_threads: int = doc("torch intra-op threads; 0 = auto: split between generator and trainer if they overlap", 0)
     allocator: Literal["auto", "system", "tcmalloc", "jemalloc"] = doc(
         "C allocator of the CPU tensors: `python -m aioareal` restarts itself with it in LD_PRELOAD; auto = "

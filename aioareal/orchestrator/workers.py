@@ -10,6 +10,7 @@ loop itself only does bookkeeping.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ..devices import release_freed_memory
+from ..errors import UserError
 from ..group import Group
+from ..loops import exit_unless
 from ..timing import merge
 from ..trainer import train_step
 
@@ -49,8 +52,35 @@ class TrainingWorker(Protocol):
     async def evaluate(self) -> dict[str, float]: ...
 
 
-async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+class Stalled(UserError):
+    """A call into the generator's or the trainer's thread ran past run.stall_timeout_s."""
+
+
+async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, budget: float = 0.0,
+              what: str = "") -> Any:
+    """`fn(*args)` on the worker thread. With a `budget` (run.stall_timeout_s) a call still running
+    after it is a hang, not a wait: the run stops with a one-line cause instead of waiting forever.
+    A thread cannot be killed, so if the call has still not returned loops.CLOSE_GRACE_S later (the
+    run's close waits for its thread) the process exits with loops.EXIT_STALLED; checkpoints and
+    metrics are written atomically, so `--resume` continues from the last checkpoint either way."""
+    loop = asyncio.get_running_loop()
+    if not budget:
+        return await loop.run_in_executor(pool, fn, *args)
+    done = threading.Event()
+
+    def call() -> Any:
+        try:
+            return fn(*args)
+        finally:
+            done.set()
+    future = loop.run_in_executor(pool, call)
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), budget)
+    except TimeoutError:
+        cause = (f"{what} has not returned after {budget:g} s (run.stall_timeout_s): the run stops; "
+                 "--resume continues from its last checkpoint")
+        exit_unless(done, cause)
+        raise Stalled(cause) from None
 
 
 def thread_for(device: torch.device, name: str, cpu_threads: int | None = None) -> ThreadPoolExecutor:
@@ -68,8 +98,9 @@ def thread_for(device: torch.device, name: str, cpu_threads: int | None = None) 
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine, sync: WeightSync, pool: ThreadPoolExecutor | None = None) -> None:
-        self.engine, self.sync = engine, sync
+    def __init__(self, engine: Engine, sync: WeightSync, pool: ThreadPoolExecutor | None = None,
+                 stall_s: float = 0.0) -> None:
+        self.engine, self.sync, self.stall_s = engine, sync, stall_s
         self.pool = pool or thread_for(engine.device, "generator")  # `pool`: a thread shared with the trainer
         self.phase_seconds: dict[str, float] = {}  # updated on the event loop's thread only
 
@@ -119,7 +150,8 @@ class EngineWorker:
         return results, timer.take()
 
     async def step(self, adopt: bool) -> list[Group]:
-        results, phases = await _on(self.pool, self._step, adopt)
+        results, phases = await _on(self.pool, self._step, adopt, budget=self.stall_s,
+                                    what="a generator step (weight adoption, prefill, decode)")
         merge(self.phase_seconds, phases)
         return results
 
@@ -129,13 +161,14 @@ class EngineWorker:
 
 class TrainerWorker:
     def __init__(self, trainer: Trainer, sync: WeightSync, evaluate: Callable[[], dict[str, float]],
-                 pool: ThreadPoolExecutor | None = None) -> None:
-        self.trainer, self.sync, self._evaluate = trainer, sync, evaluate
+                 pool: ThreadPoolExecutor | None = None, stall_s: float = 0.0) -> None:
+        self.trainer, self.sync, self._evaluate, self.stall_s = trainer, sync, evaluate, stall_s
         self.pool = pool or thread_for(trainer.device, "trainer")
         self.version = trainer.version  # published version: what admission and staleness count
 
     async def train(self, groups: list[Group]) -> dict[str, float]:
-        metrics = await _on(self.pool, self._train, groups)
+        metrics = await _on(self.pool, self._train, groups, budget=self.stall_s,
+                            what="a training step (with its weight publish)")
         self.version = self.trainer.version
         return metrics
 
@@ -149,6 +182,7 @@ class TrainerWorker:
         return metrics
 
     async def evaluate(self) -> dict[str, float]:
+        # No budget: a held-out evaluation's length grows with eval_size (its decode steps are not timed one by one).
         return await _on(self.pool, self._evaluate_and_release)
 
     def _evaluate_and_release(self) -> dict[str, float]:
@@ -158,7 +192,7 @@ class TrainerWorker:
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run other trainer-side work (checkpointing) on the trainer's thread."""
-        return await _on(self.pool, fn, *args)
+        return await _on(self.pool, fn, *args, budget=self.stall_s, what="a checkpoint write")
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

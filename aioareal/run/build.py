@@ -261,11 +261,12 @@ def build_trainer(config: Config, models: Models, pad_id: int, shard: Shard = ke
 
 
 def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
-                  evaluate: Callable[[], dict[str, float]],
-                  one_thread: int | None = None) -> tuple[EngineWorker, TrainerWorker]:
+                  evaluate: Callable[[], dict[str, float]], one_thread: int | None = None,
+                  stall_s: float = 0.0) -> tuple[EngineWorker, TrainerWorker]:
     """The generator and trainer threads, sharing the weight sync from trainer to generator. Build
     them after a resume restored the trainer: they start at its version. `one_thread`: both sides
-    on one CPU thread with a team of that many intra-op threads (devices.one_cpu_team)."""
+    on one CPU thread with a team of that many intra-op threads (devices.one_cpu_team); `stall_s`:
+    run.stall_timeout_s, the longest one call into either thread may take (orchestrator/workers.py)."""
     # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/merged_lora.py).
     # One thread in sync mode: the generator is idle whenever the trainer publishes, so no staging copy.
     if lora.is_lora(trainer.model):
@@ -274,7 +275,7 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
         sync = WeightSync(trainer.model, gen_model, staged=one_thread is None)
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
     pool = thread_for(torch.device("cpu"), "torch", one_thread) if one_thread else None
-    return EngineWorker(engine, sync, pool), TrainerWorker(trainer, sync, evaluate, pool)
+    return EngineWorker(engine, sync, pool, stall_s), TrainerWorker(trainer, sync, evaluate, pool, stall_s)
 
 
 def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,

@@ -13,11 +13,12 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from ..loops import run_coroutine
+from ..loops import exit_stalled, run_coroutine
 from ..monitor.plain import plain_line
 
 DUPLICATE_S = 0.1  # a second signal sooner than this is a duplicate delivery, not a second Ctrl-C
@@ -100,19 +101,48 @@ class LoopLag:
     """How late the run's event loop wakes a coroutine that sleeps TICK_S: the worst since the last
     `take`, logged as `loop_lag_max` in each step's row. A loop blocked by work that belongs on a
     thread (a reward function's, a checkpoint's) stalls generation, training and Ctrl-C alike; the
-    row names the step where it happened."""
+    row names the step where it happened. Blocked for longer than `stall_s` (run.stall_timeout_s)
+    it is hung: `watchdog`, a thread, says so in one line and ends the process, since nothing on
+    the loop can run to stop it (checkpoints and metrics are atomic: --resume continues)."""
 
     TICK_S = 0.05
 
-    def __init__(self) -> None:
-        self.worst = 0.0
+    def __init__(self, stall_s: float = 0.0, exit: Callable[[str], None] | None = None) -> None:
+        self.worst, self.stall_s = 0.0, stall_s
+        self.last_tick = time.monotonic()
+        self.exit = exit or exit_stalled
 
     async def watch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             start = loop.time()
+            self.last_tick = time.monotonic()
             await asyncio.sleep(self.TICK_S)
             self.worst = max(self.worst, loop.time() - start - self.TICK_S)
+
+    @contextlib.contextmanager
+    def watchdog(self) -> Iterator[None]:
+        if not self.stall_s:
+            yield
+            return
+        self.last_tick = time.monotonic()
+        done = threading.Event()
+
+        def check() -> None:
+            while not done.wait(min(1.0, self.stall_s / 4)):
+                blocked = time.monotonic() - self.last_tick
+                if blocked > self.stall_s:
+                    self.exit(f"the event loop has been blocked for {blocked:.0f} s (run.stall_timeout_s="
+                              f"{self.stall_s:g}): code on it that belongs on a thread (a reward function, "
+                              "an episode, an on_step callback) never returned; --resume continues from the "
+                              "last checkpoint")
+                    return
+        thread = threading.Thread(target=check, name="loop-watchdog", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
 
     def take(self) -> float:
         worst, self.worst = self.worst, 0.0

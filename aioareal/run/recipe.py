@@ -115,7 +115,8 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     kept = KeptCompletions()
     evaluator = kind.evaluator(EvalInputs(cell, config, trainer, prompts.eval_set, data.task, decode, eos, kept))
     state = cell.restore(resume_from, trainer, engine, config) if resume_from else None
-    engine_worker, trainer_worker = build_workers(engine, trainer, models.gen, evaluator, one_thread=team)
+    engine_worker, trainer_worker = build_workers(engine, trainer, models.gen, evaluator, one_thread=team,
+                                                  stall_s=config.run.stall_timeout_s)
     rewards = build_rewards(config, data.task, decode)
     rollout = kind.rollout(engine_worker, rewards, evaluator)
     source = PromptSource(prompts.train, lambda e: prompts.train_ids[e.uid],
@@ -163,7 +164,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None],
                         c.train.steps, c.eval.every, c.algo.drop_constant_groups, c.run.sample_text_chars)
     rollout = parts.rollout
     stoppable: list[Any] = []  # the stop target, once the orchestrator exists
-    lag = LoopLag()
+    lag = LoopLag(c.run.stall_timeout_s)
     hooks = build_hooks(parts, printer, on_step, stop=lambda: stoppable[0].request_stop(), lag=lag)
     orchestrator = Orchestrator(schedule, rollout.generator, parts.trainer, parts.prompts, rollout.score,
                                 parts.cell.hooks(hooks), resume=parts.resume, score_counters=rollout.counters)
@@ -171,7 +172,7 @@ async def orchestrate(parts: Parts, printer: Callable[[dict[str, Any]], None],
     refresher = asyncio.create_task(parts.live.keep_fresh(orchestrator.live_counters))
     watcher = asyncio.create_task(lag.watch())
     try:
-        with stop_signals(stoppable[0]):
+        with stop_signals(stoppable[0]), lag.watchdog():
             await orchestrator.run()
     finally:
         refresher.cancel()
