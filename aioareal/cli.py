@@ -112,9 +112,8 @@ def _has_cuda() -> bool:
 
 def profile_note(args: argparse.Namespace) -> None:
     """Say which defaults a pretrained model got: the `pretrained` profile without a config file
-    (config/profiles.py), or, with a file, the tiny model's defaults for the keys it leaves out."""
-    from .config.layering import load_with_sources
-    from .config.profiles import is_pretrained
+    (config/layering.py), or, with a file, the tiny model's defaults for the keys it leaves out."""
+    from .config.layering import is_pretrained, load_with_sources
 
     config, sources = load_with_sources(args.config, args.overrides, flags_of(args))
     if not is_pretrained(config.model.name):

@@ -16,7 +16,7 @@ import yaml
 
 from ..errors import ConfigError, UserError, shown
 from .bounded_yaml import load_yaml
-from .limits import check_value
+from .limits import check_value, validate_cross_section
 from .schema import Config
 
 
@@ -202,7 +202,6 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
         for k, v in values.items():
             check_value(f"{name}.{k}", v)
     config = Config(**sections)
-    from .validate import validate_cross_section
 
     validate_cross_section(config)
     return config
@@ -210,14 +209,14 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 flags: dict[str, Any] | None = None) -> Config:
-    """Defaults < profile (without a file, profiles.py) < YAML at `path` < `flags` ({'rollout.mode': 'async'})
+    """Defaults < profile (without a file, the profiles below) < YAML at `path` < `flags` ({'rollout.mode': 'async'})
     < `overrides` ('k=v' strings)."""
     return load_with_sources(path, overrides, flags)[0]
 
 
 def load_with_sources(path: str | Path | None = None, overrides: list[str] | None = None,
                       flags: dict[str, Any] | None = None) -> tuple[Config, dict[str, str]]:
-    """The config and, for every key, where its value came from: default, profile NAME (profiles.py),
+    """The config and, for every key, where its value came from: default, profile NAME (the profiles below),
     file PATH, flag, or key=value."""
     layers: dict[str, dict[str, Any]] = {}
     if path is not None:
@@ -243,7 +242,6 @@ def load_with_sources(path: str | Path | None = None, overrides: list[str] | Non
 
 def _apply_profile(layers: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Put the model's defaults profile beneath what was set; the keys it filled -> 'profile NAME'."""
-    from .profiles import profile_for
 
     name, values = profile_for(str(layers.get("model", {}).get("name", "tiny")),
                                str(layers.get("data", {}).get("task", "arithmetic")))
@@ -268,3 +266,39 @@ def save_config(config: Config, path: str | Path) -> None:
     from ..io import atomic_write_text
 
     atomic_write_text(path, dump_yaml(config))
+
+
+# -- profiles ------------------------------------------------------------------------------------
+# Defaults that fit the model: the dataclass defaults are the offline tiny model's (8 new tokens,
+# lr 1e-4, 400 steps); a pretrained model given without a --config file gets the `pretrained` profile
+# instead, beneath anything the user wrote (defaults < profile < flags < key=value). A config file
+# states a run: the keys it leaves out keep the dataclass defaults, as they always did.
+#
+# A model is pretrained unless it is `tiny` or a `random:<shape>` (random weights, for benchmarks).
+# The profile's values come from configs/qwen2.5-0.5b-gsm8k.yaml (long answers, lr 1e-6: a rate of
+# 1e-4 wrecks a pretrained model in a few steps) and configs/smollm2-sums.yaml (short chat sums).
+# `python -m aioareal config --sources` shows which values a run took from it.
+PRETRAINED = "pretrained"
+
+_COMMON: dict[str, Any] = {
+    "algo.lr": 1e-6, "algo.warmup_steps": 5, "algo.clip_eps_high": 0.28, "algo.loss_agg": "token-mean",
+    "algo.group_size": 8, "algo.batch_groups": 32,
+    "generation.temperature": 1.0, "train.steps": 200, "eval.every": 20, "run.checkpoint_every": 20,
+    "reward.timeout_s": 10.0,
+}
+# The task decides how long an answer runs: reasoning in words, or a chat-format sum.
+_BY_TASK: dict[str, dict[str, Any]] = {
+    "arithmetic": {"generation.max_new_tokens": 64, "arithmetic.style": "chat", "algo.lr": 1e-5},
+}
+_LONG_ANSWERS: dict[str, Any] = {"generation.max_new_tokens": 512}
+
+
+def is_pretrained(model_name: str) -> bool:
+    return model_name != "tiny" and not model_name.startswith("random:")
+
+
+def profile_for(model_name: str, task: str) -> tuple[str | None, dict[str, Any]]:
+    """(profile name, {dotted key: value}) for a model and task; (None, {}) for the tiny model."""
+    if not is_pretrained(model_name):
+        return None, {}
+    return PRETRAINED, {**_COMMON, **_BY_TASK.get(task, _LONG_ANSWERS)}

@@ -14,6 +14,8 @@ import string
 from typing import Any
 
 from ..errors import ConfigError
+from .schema import Config
+from .sections import check
 
 INT_MAX = 2**31 - 1  # counts, sizes and steps: past this, tensor shapes and index arithmetic overflow
 # Completions of one step (algo.batch_groups x algo.group_size) and of one group: the engine and the
@@ -124,3 +126,14 @@ def check_template(key: str, template: str) -> None:
         if widest > MAX_SPEC_WIDTH:  # {question:>9999999999} would allocate that many characters per prompt
             raise ConfigError(key, f"placeholder {{{name}:{spec}}}: a width or precision of at most {MAX_SPEC_WIDTH}, "
                                    f"got {widest}")
+
+
+def validate_cross_section(config: Config) -> None:
+    """The checks that span several sections (each single field's are above and in the sections)."""
+    g = config.generation
+    check(g.num_slots == 0 or g.num_slots >= config.algo.group_size, "generation.num_slots",
+          f"must hold at least one group (algo.group_size={config.algo.group_size}), got {g.num_slots}")
+    a = config.algo
+    check(a.batch_groups * a.group_size <= STEP_COMPLETIONS_MAX, "algo.batch_groups",
+          f"x algo.group_size is {a.batch_groups * a.group_size:,} completions a step; at most "
+          f"{STEP_COMPLETIONS_MAX:,} fit a machine's memory (a step holds all of them at once)")

@@ -9,12 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .algo import AlgoConfig
-from .fields import check, doc
-from .sft_section import SFTConfig
-from .tools import ToolsConfig
-from .train_section import TrainConfig
-from .warmup_section import WarmupConfig
+from .sections import AlgoConfig, SFTConfig, ToolsConfig, TrainConfig, WarmupConfig, check, doc
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

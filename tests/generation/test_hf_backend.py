@@ -170,7 +170,7 @@ def test_one_rl_step_on_auto_of_a_model_the_engine_does_not_implement(tmp_path, 
     so, and the trainer's log-probs are the generator's (Falcon loads with SDPA, Bloom with its
     eager attention: neither takes the project's attention)."""
     lines = []
-    # A local model directory takes the pretrained profile (config/profiles.py): the tiny task's raw
+    # A local model directory takes the pretrained profile (config/layering.py): the tiny task's raw
     # prompts and lengths are set back, as a user with a model without a chat template would.
     config = load_config(overrides=["train.steps=1", "eval.every=0", "generation.backend=auto", "algo.batch_groups=4",
                                     "arithmetic.style=raw", "generation.max_new_tokens=8", "algo.lr=1e-4",
