@@ -4,10 +4,10 @@ Each `step()` admits waiting groups (and episodes' turns, turns.py) into free sl
 prompt, its K/V written into all G slots of the group), decodes one token in every live slot, and
 copies the tokens to the host, where bookkeeping records them and frees finished sequences' slots.
 Per-slot decode state (next token, position, liveness) stays on the device, which clears `live`
-itself at EOS or the length limit (liveness.py); the host clears it at a stop string.
+itself at EOS or the length limit (transfers.py SlotLimits); the host clears it at a stop string.
 
 Overlap (`overlap`, on by default on CUDA): step t+1 is launched before the host reads step t's
-tokens (a non-blocking copy into pinned memory, inflight.py), so bookkeeping overlaps the device's
+tokens (a non-blocking copy into pinned memory, transfers.py StepOutput), so bookkeeping overlaps the device's
 work; a freed slot is refilled a step later, results come back a `step()` later.
 
 Weights belong to the model the engine wraps. When the trainer publishes a new version the
@@ -22,7 +22,7 @@ already queued); with overlap, one extra wait when a version is adopted with `re
 (the recompute needs the in-flight step's tokens); capturing a new CUDA graph (`torch.cuda.graph`
 synchronizes on entry: once per batch bucket and span, graphs.py); `PhaseTimer.take()` reads only
 completed events. The rest (slots, lengths, limits, prompts) goes up by pinned non-blocking copies
-(upload.py); every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
+(transfers.py upload); every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
 """
 from __future__ import annotations
 
@@ -33,19 +33,17 @@ from transformers import PreTrainedModel
 
 from ..group import Group
 from ..timing import PhaseTimer
-from .decode_rules import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
 from .family_forward import build_forward
 from .forward import KVCache
 from .graphs import DecodeGraphs, can_use_own_generator
-from .inflight import StepOutput, to_host
-from .liveness import SlotLimits
 from .options import EngineOptions
 from .prefix import PrefixLayout, layout_of
 from .queue_front import QueueFront
+from .sampling import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
 from .scheduler import Scheduler, same_size_runs
 from .sequence import Running
+from .transfers import SlotLimits, StepOutput, to_host, upload, upload_padded
 from .turns import TurnRequest
-from .upload import upload, upload_padded
 
 
 class Engine(QueueFront):
@@ -158,7 +156,7 @@ class Engine(QueueFront):
 
     def _launch_copy(self, first: torch.Tensor | None, decoded: torch.Tensor | None,
                      admitted: list[Running], running: list[Running]) -> StepOutput | None:
-        """The step's tokens and logprobs on their way to the host (inflight.py)."""
+        """The step's tokens and logprobs on their way to the host (transfers.py StepOutput)."""
         parts = [t for t in (first, decoded) if t is not None]
         if not parts:
             return None
@@ -202,7 +200,7 @@ class Engine(QueueFront):
         prompts = [g.prompt_ids for g in units]
         start = self._place_prefix(prompts, slots)
         prompts = [p[start:] for p in prompts]
-        # Metadata goes up by pinned, non-blocking copies (upload.py): the host does not wait.
+        # Metadata goes up by pinned, non-blocking copies (transfers.py upload): the host does not wait.
         lengths = upload([len(p) for p in prompts], self.device)
         tokens, copies = upload_padded(prompts, self.device), units[0].size
         return self.fwd.prefill(self.cache, tokens, lengths, slots, copies, start).repeat_interleave(copies, 0)

@@ -27,12 +27,12 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..group import Group
 from ..timing import PhaseTimer
-from .inflight import StepOutput
 from .options import EngineOptions
 from .queue_front import QueueFront
 from .sampling import sample
 from .scheduler import Scheduler
 from .sequence import Running
+from .transfers import StepOutput
 from .turns import TurnRequest
 
 

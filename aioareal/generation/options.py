@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config.schema import GenerationConfig
-from .fused_sampling import fused_sampler_enabled
-from .sampling import SamplingParams
+from .sampling import SamplingParams, fused_sampler_enabled
 from .turns import StopStrings
 
 
@@ -18,7 +17,7 @@ class EngineOptions:
     fused weights the model's parameters are re-pointed into (fusion.py); False for a model that also
     trains. `overlap`: launch each step before reading the previous one's tokens (engine.py); True,
     False or "auto" (on for CUDA). `fused_sampler`: the compiled sampler that reads the logits once
-    (fused_sampling.py). `shared_prefix`: decode with each group's prompt keys read once (prefix.py);
+    (`fused_sample`, sampling.py). `shared_prefix`: decode with each group's prompt keys read once (prefix.py);
     eager only. The HF fallback (hf_backend.py) reads the sizes, `params`, `seed`, `recompute_kv`,
     `timed` and `stop`."""
 

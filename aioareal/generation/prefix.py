@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from .sequence import Running
-from .upload import upload
+from .transfers import upload
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Host side of the engine: the queue, which slot holds which sequence, and the bookkeeping of
 sampled tokens (recording them, deciding when a sequence ends, freeing its slot).
 
-The device decides liveness by the same rule on its own (liveness.py); the host's decision is the
+The device decides liveness by the same rule on its own (transfers.py SlotLimits); the host's decision is the
 one that counts for results (`finish_reason`, when a slot is free for the next prompt).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import itertools
 from collections import deque
 
 from ..group import Group
-from .inflight import StepOutput
 from .sequence import GroupTally, Running
+from .transfers import StepOutput
 from .turns import StopStrings, TurnEnds, TurnRequest
 
 
@@ -109,7 +109,7 @@ class Scheduler:
     def _append(self, r: Running, token: int, logprob: float, version: int,
                 finished: list[Group]) -> int:
         """Record one token; return the sequence's next position, or -1 if it finished. The same
-        rule as the device's (liveness.py), which has already cleared `live` where this ends."""
+        rule as the device's (transfers.py SlotLimits), which has already cleared `live` where this ends."""
         c = r.completion
         c.tokens.append(token)
         c.logprobs.append(logprob)

@@ -8,7 +8,7 @@ from torch import nn
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.forward import FastForward
 from aioareal.generation.fusion import fuse, shares_storage
-from aioareal.generation.upload import upload_padded
+from aioareal.generation.transfers import upload_padded
 from aioareal.group import Group
 from aioareal.weightsync.full import WeightSync
 

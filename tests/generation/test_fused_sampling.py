@@ -1,4 +1,4 @@
-"""The fused sampler (generation/fused_sampling.py) against `sample`: the same tokens for the same
+"""The fused sampler (generation/sampling.py) against `sample`: the same tokens for the same
 generator state on the CPU, the softmax's distribution (chi-square), greedy and top_p, and the
 config switch. Most tests run the eager `race` (what inductor compiles); one compiles it."""
 from __future__ import annotations
@@ -6,12 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import aioareal.generation.fused_sampling as fs
+import aioareal.generation.sampling as fs
 from aioareal.config import load_config
 from aioareal.errors import ConfigError
-from aioareal.generation.fused_sampling import fused_sample, fused_sampler_enabled, race
-from aioareal.generation.inverse_cdf import inverse_cdf_sample
-from aioareal.generation.sampling import SamplingParams, sample
+from aioareal.generation.sampling import (
+    SamplingParams,
+    fused_sample,
+    fused_sampler_enabled,
+    inverse_cdf_sample,
+    race,
+    sample,
+)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The CPU's inverse-CDF sampler (generation/inverse_cdf.py): the softmax's distribution (chi-square),
+"""The CPU's inverse-CDF sampler (generation/sampling.py): the softmax's distribution (chi-square),
 exact log-probs, never a word of zero weight, the block tiling, the seed, and which sampler the
 engine takes where."""
 from __future__ import annotations
@@ -8,10 +8,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioareal.generation.decode_rules import sampler_for
-from aioareal.generation.fused_sampling import fused_sample
-from aioareal.generation.inverse_cdf import block_size, inverse_cdf_sample
-from aioareal.generation.sampling import SamplingParams, sample
+from aioareal.generation.sampling import (
+    SamplingParams,
+    block_size,
+    fused_sample,
+    inverse_cdf_sample,
+    sample,
+    sampler_for,
+)
 
 NEG = float("-inf")
 

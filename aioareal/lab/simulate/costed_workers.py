@@ -24,7 +24,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...generation.decode_rules import SHORT_SPAN, live_decode_pays
+from ...generation.sampling import SHORT_SPAN, live_decode_pays
 from ...generation.sequence import GroupTally
 from ...group import Group
 from .contention import Device, Lockstep, sleep_unless
