@@ -2,7 +2,7 @@
 
 Two kinds of vocabulary are written, both as llama.cpp's byte-level BPE (`gpt2`): a byte-level BPE
 tokenizer (Qwen2, SmolLM2, Llama 3, GPT-2) as is, with its merges, and a word-level vocabulary of
-single characters (the offline tiny model's, models/tokenizer.py) as a BPE without merges, its
+single characters (the offline tiny model's, models/shapes.py) as a BPE without merges, its
 characters spelled in the byte alphabet. Either way every id keeps its token; ids the tokenizer
 leaves unused (embedding rows padded to a multiple, holes) get `[PAD<id>]` placeholders marked
 unused, as llama.cpp's own converter writes them. Specials are control tokens (kept whole); added

@@ -40,8 +40,7 @@ from .local_names import check_local, is_local_name
 from .merged_adapter import adapter_dir, base_name, copy_side_files
 from .merged_adapter import cached as cached_merge
 from .named import named_gguf
-from .shapes import RANDOM_PREFIX, SHAPES, shape_config
-from .tokenizer import build_char_tokenizer, vocab_size_padded
+from .shapes import RANDOM_PREFIX, SHAPES, build_char_tokenizer, shape_config, vocab_size_padded
 
 try:  # progress bars from weight loading would garble the dashboard and the logs
     from transformers.utils import logging as _hf_logging

@@ -27,9 +27,9 @@ from ..rewards.service import RewardService
 from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
 from ..tasks.base import Example
 from ..trainer import Trainer
-from ..trainer.compiled import compile_layers
 from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs
+from ..trainer.masters import compile_layers
 from ..weightsync.full import WeightSync
 from ..weightsync.merged_lora import LoraSync
 from .evaluation import EvalSet, KeptCompletions, evaluate

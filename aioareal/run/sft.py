@@ -42,8 +42,8 @@ from ..monitor.metrics import RunLog
 from ..tasks import PromptRenderer
 from ..tasks.base import Example
 from ..tasks.rows import field_value, read_file
+from ..trainer.objective import Demo, completion_loss
 from ..trainer.optim import build_optimizer, freeze_embeddings
-from ..trainer.supervised import Demo, completion_loss
 from ..trainer.trainer import autocasts
 from .build import build_data, model_path, resume_adapter, task_from
 

@@ -27,11 +27,10 @@ from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
 from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
 from ..models.prompt_encoding import PromptEncoder
-from ..models.shapes import SHAPES
-from ..models.tokenizer import build_char_tokenizer
+from ..models.shapes import SHAPES, build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
 from ..tasks.base import Example
-from ..trainer.supervised import Demo, completion_loss
+from ..trainer.objective import Demo, completion_loss
 from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused

@@ -108,7 +108,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         targets = input_ids[:, 1:][loss_mask]
     elif share is None:
         # No KV cache: a training forward never reads one back, and with compiled layers
-        # (trainer/compiled.py) each layer's cache entry would be a guard, one graph per layer.
+        # (trainer/masters.py) each layer's cache entry would be a guard, one graph per layer.
         hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
                                  use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token

@@ -20,16 +20,14 @@ from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..generation.layer_plan import sliding_windows
 from ..group import Group
-from .batching import MicroBatch, pack
-from .compiled import layers_compiled
+from .batching import MicroBatch, pack, set_aside
 from .logprobs import TokenLogprobs, token_logprobs
-from .masters import working_copy
+from .masters import layers_compiled, working_copy
 from .objective import Totals, micro_loss
 from .optim import build_optimizer, freeze_embeddings
 from .prefix_tree import use_tree
 from .stats import StepSums, read_back, step_figures
 from .varlen import use_varlen
-from .zero_advantage import set_aside
 
 
 class NonFiniteError(UserError):
@@ -105,7 +103,7 @@ class Trainer:
         # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
         # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
         # Gradient checkpointing drops the prompts' KV cache the shared path needs.
-        # Compiled layers would recompile for the prompts' cache (trainer/compiled.py).
+        # Compiled layers would recompile for the prompts' cache (trainer/masters.py).
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         compiled = layers_compiled(model)
         # The shared-prompt, one-row and tree layouts build masks without sliding windows (Mistral,
@@ -261,7 +259,7 @@ class Trainer:
         real, padded, positions, count, aside = self._global_counts(mbs)
         # train_positions: what the forward computed (shared prompts once, a tree's distinct prefixes),
         # against padding_frac's padded rows, the layout the loss reads; aside_samples: left out of
-        # the forward and backward (zero advantage: trainer/zero_advantage.py).
+        # the forward and backward (zero advantage: trainer/batching.py).
         return {**step_figures(total, step.updates), "lr": self.scheduler.get_last_lr()[0], "train_tokens": real,
                 "train_positions": positions, "padding_frac": 1.0 - real / padded, "micro_batches": count,
                 "aside_samples": aside, "skipped_updates": self.skipped_updates, "oom_retries": self.oom_retries}

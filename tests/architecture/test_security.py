@@ -176,7 +176,7 @@ def test_a_resumed_run_still_replays_exactly(stopped_run, tmp_path):
 def pickle_only_model(tmp_path_factory) -> Path:
     """A model directory as older tools saved it: config, tokenizer, and only pytorch_model.bin."""
     from aioareal.models import random_model
-    from aioareal.models.tokenizer import build_char_tokenizer
+    from aioareal.models.shapes import build_char_tokenizer
 
     path = tmp_path_factory.mktemp("bin-model")
     model = random_model("tiny", torch.float32, torch.device("cpu"))

@@ -13,7 +13,7 @@ from aioareal import checkpoint
 from aioareal.checkpoint import RunState
 from aioareal.cli import main
 from aioareal.errors import UserError
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 from aioareal.tasks.base import Example, PromptRenderer
 
 

@@ -16,7 +16,7 @@ from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_fo
 from aioareal.episodes.local import drive
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Group
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 from aioareal.run.recipe import train
 from aioareal.tasks.base import Example
 from aioareal.tools import build_toolbox

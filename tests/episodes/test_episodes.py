@@ -18,7 +18,7 @@ from aioareal.episodes.local import drive
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import MODEL, OBS_VERSION, Group
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 from aioareal.tasks.base import Example
 from aioareal.tools import Tool, ToolBox, build_toolbox
 

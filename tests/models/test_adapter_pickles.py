@@ -12,7 +12,7 @@ import torch
 
 from aioareal.errors import UserError
 from aioareal.models import load_model, random_model
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 
 peft = pytest.importorskip("peft")
 CPU = torch.device("cpu")

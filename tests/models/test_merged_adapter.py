@@ -12,7 +12,7 @@ import torch
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.models import load_model, load_tokenizer, lora
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 
 pytest.importorskip("peft")
 CPU = torch.device("cpu")

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 from aioareal.config import load_config
 from aioareal.models.prompt_encoding import PromptEncoder, special_prefix
-from aioareal.models.tokenizer import CHARACTERS, build_char_tokenizer
+from aioareal.models.shapes import CHARACTERS, build_char_tokenizer
 from aioareal.run.build import build_data, build_prompts
 from aioareal.tasks.base import Example, PromptRenderer
 

@@ -32,7 +32,7 @@ QUIET = dict(log=lambda *_: None, printer=lambda row: None)
 def no_template_model(tmp_path_factory) -> Path:
     """A local model whose tokenizer has no chat template."""
     from aioareal.models import random_model
-    from aioareal.models.tokenizer import build_char_tokenizer
+    from aioareal.models.shapes import build_char_tokenizer
 
     path = tmp_path_factory.mktemp("plain-model")
     random_model("tiny", torch.float32, torch.device("cpu")).save_pretrained(path)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aioareal.episodes.codec import Codec
 from aioareal.errors import UserError
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 from aioareal.run.build import encode_prompts
 from aioareal.tasks.base import Example, PromptRenderer
 

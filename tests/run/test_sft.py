@@ -22,7 +22,7 @@ from aioareal.run import sft as sft_module
 from aioareal.run.build import model_path
 from aioareal.run.sft import batch_at, boxed_solution, schedule, sft
 from aioareal.trainer import supervised
-from aioareal.trainer.supervised import Demo, completion_loss
+from aioareal.trainer.objective import Demo, completion_loss
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "gsm8k"
 RANDOM = ["model.name=random:tiny", "data.eval_size=50", "sft.eval_size=16", "sft.batch_size=8", "sft.micro_batch=4",

@@ -7,7 +7,7 @@ import threading
 
 from aioareal.config import load_config
 from aioareal.episodes import codec_for, load_episode
-from aioareal.models.tokenizer import build_char_tokenizer
+from aioareal.models.shapes import build_char_tokenizer
 from aioareal.run.rollout import EpisodeSetup
 from aioareal.tools import Tool, ToolBox, ToolThreads
 

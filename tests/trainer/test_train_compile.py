@@ -1,4 +1,4 @@
-"""train.compile: each decoder layer compiled (trainer/compiled.py). The equality tests trace with
+"""train.compile: each decoder layer compiled (trainer/masters.py). The equality tests trace with
 the "aot_eager" backend: the same graphs as inductor's, without generating kernels, which on a
 2-core CPU takes minutes."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from aioareal.models import random_model
 from aioareal.run.build import build_models, build_trainer
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.compiled import compile_layers
+from aioareal.trainer.masters import compile_layers
 from aioareal.trainer.optim import adamw_kind
 
 

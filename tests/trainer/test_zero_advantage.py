@@ -1,4 +1,4 @@
-"""train.skip_zero_advantage (trainer/zero_advantage.py): samples with a zero advantage are left out of
+"""train.skip_zero_advantage (trainer/batching.py): samples with a zero advantage are left out of
 the forward and backward, and the gradient and the update are the whole mini-batch's."""
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from aioareal.group import Completion, Group, Sample, Turn
 from aioareal.models import random_model
 from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.batching import collate
+from aioareal.trainer.batching import collate, set_aside
 from aioareal.trainer.stats import StepSums
 from aioareal.trainer.step import assign_advantages
-from aioareal.trainer.zero_advantage import set_aside
 
 
 def _groups(rewards: list[list[float]], seed: int = 0) -> list[Group]:

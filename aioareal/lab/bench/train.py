@@ -42,8 +42,8 @@ from transformers import PreTrainedModel
 from ...errors import UserError
 from ...group import Completion, Sample
 from ...trainer.batching import MicroBatch, collate, pack
-from ...trainer.compiled import compile_layers
 from ...trainer.logprobs import KEEP_LOGITS, token_logprobs
+from ...trainer.masters import compile_layers
 from ...trainer.trainer import autocasts
 from ..simulate.lengths import gsm8k_like_length
 from . import sync_cost

@@ -26,7 +26,7 @@ from ...config import load_config
 from ...models import resolve_dtype
 from ...models.lora import trainable_parameters, wrap
 from ...trainer.batching import MicroBatch, pack
-from ...trainer.compiled import compile_layers
+from ...trainer.masters import compile_layers
 from ...trainer.optim import adamw_kind
 from ...weightsync.full import WeightSync
 from ...weightsync.merged_lora import LoraSync
