@@ -5,10 +5,13 @@ instantiated once with no arguments whose instances are such callables), named b
 like reward functions (`data.episode=path/to/env.py:my_episode`). It returns its reward, or None
 for the task's verdict on its last model turn. Whatever an episode does wrong is counted
 (`episode_errors`) and scores 0, and the run goes on: it raises, runs past `timeout_s`, returns
-something that is not a finite number, holds the event loop too long between two awaits (`steps.py`),
+something that is not a finite number, holds the event loop too long between two awaits (`timed_steps`),
 or ends without a single model turn (that sample is then given one one-token turn, so that its
 record holds a model token like every other; where observations filled the budget, the last of
 them gives up its last token for it).
+
+An episode's steps on the event loop are timed here too (below): one that holds the loop too long
+fails the episode.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import asyncio
 import inspect
 import math
 import sys
+import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +29,64 @@ from ..errors import UserError
 from ..group import MODEL, Group
 from ..usercode import resolve_spec
 from .handle import EpisodeContext, EpisodeGen
-from .steps import MAX_STEP_S, timed_steps
 
 Episode = Callable[[Any, EpisodeGen], Awaitable[float | None]]
+
+
+# -- steps -------------------------------------------------------------------------------------------
+# An episode's steps on the event loop, timed: one that holds the loop too long fails the episode.
+#
+# An episode drives the engine through objects of the run's event loop (its turns' futures, the turn
+# queue), so unlike a tool (tools/toolbox.py: a thread and a loop of its own per call) it cannot be moved
+# off that loop. What it does between two awaits runs on the loop itself: a synchronous sleep or a long
+# computation there freezes the whole run while it lasts, and Python can interrupt neither from another
+# thread (nor can a watchdog: an exception it injects is raised only after the blocking call returns).
+# So each step of an episode (from one resumption of its coroutine to its next await, or its end) is
+# timed: a step that held the loop longer than `max_step_s` fails the episode as soon as it yields the
+# loop back (`LoopHeld`: scored 0, counted in episode_errors, its first occurrence shown), so the fault is
+# seen and named rather than only slowing the run. Blocking work belongs in a tool, which runs in a
+# thread under a timeout (docs/reliability.md, user code).
+
+MAX_STEP_S = 2.0  # longest an episode may hold the loop between two awaits (our own work per step: milliseconds)
+
+
+class LoopHeld(Exception):
+    """An episode held the event loop longer than its step limit."""
+
+
+async def timed_steps(awaitable: Awaitable[Any], max_step_s: float = MAX_STEP_S) -> Any:
+    """Await `awaitable` (an episode's coroutine), failing it with LoopHeld after a step past `max_step_s`."""
+    if not inspect.iscoroutine(awaitable):
+        return await awaitable
+    return await _Stepped(awaitable, max_step_s)
+
+
+class _Stepped:
+    def __init__(self, coro: Any, max_step_s: float) -> None:
+        self.coro, self.max_step_s = coro, max_step_s
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, sent, error = self.coro, None, None
+        while True:
+            start = time.monotonic()
+            try:
+                yielded = coro.send(sent) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                self._check(start)
+                return stop.value
+            self._check(start)
+            try:
+                sent, error = (yield yielded), None
+            except BaseException as e:  # cancellation (the runner's timeout) and the like: the episode's to handle
+                sent, error = None, e
+
+    def _check(self, start: float) -> None:
+        held = time.monotonic() - start
+        if held > self.max_step_s:
+            self.coro.close()
+            raise LoopHeld(f"held the event loop for {held:.1f}s in one step (limit {self.max_step_s}s): an async "
+                           f"episode must await, not block (time.sleep, a long computation); put blocking work in a "
+                           f"tool")
 
 
 @dataclass
@@ -43,7 +102,7 @@ class EpisodeRunner:
     def __init__(self, episode: Episode, ctx: EpisodeContext, timeout_s: float = 300.0, name: str = "episode",
                  log: Callable[[str], None] | None = None, max_step_s: float = MAX_STEP_S) -> None:
         self.episode, self.ctx, self.timeout_s, self.name = episode, ctx, timeout_s, name
-        self.max_step_s = max_step_s  # longest it may hold the event loop between two awaits (steps.py)
+        self.max_step_s = max_step_s  # longest it may hold the event loop between two awaits (timed_steps above)
         self.stats = EpisodeStats()
         self.log = log or (lambda line: print(line, file=sys.stderr))
         self._reported = False  # the first failure's traceback is shown; later ones only counted

@@ -25,8 +25,7 @@ from aioareal.errors import ConfigError, UserError
 from aioareal.orchestrator import StepReport
 from aioareal.prompt_stream import PromptSource
 from aioareal.run.cell import LocalCell, cell_for
-from aioareal.run.merge import merge_rows, merge_samples
-from aioareal.run.rank_hooks import RankHooks
+from aioareal.run.rank_hooks import RankHooks, merge_rows, merge_samples
 from aioareal.run.recipe import train
 from aioareal.run.session import session
 from aioareal.run.sharded_cell import cell_config
