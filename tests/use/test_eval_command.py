@@ -142,7 +142,7 @@ def test_reward_functions_get_completion_ids_and_failures_are_reported(trained_r
     for function, out in (("ids_len", tmp_path / "ids"), ("picky", tmp_path / "picky")):
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):
-            code = main(["eval", str(trained_run[0]), "data.eval_size=8", f"reward.functions=eval_rewards:{function}",
+            code = main(["eval", str(trained_run[0]), "data.eval_size=32", f"reward.functions=eval_rewards:{function}",
                          "--out", str(out)])
         assert code == 0
         rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
