@@ -21,7 +21,7 @@ from aioareal.models import load_model, load_tokenizer
 from aioareal.run import sft as sft_module
 from aioareal.run.build import model_path
 from aioareal.run.sft import batch_at, boxed_solution, schedule, sft
-from aioareal.trainer import supervised
+from aioareal.trainer import objective as supervised
 from aioareal.trainer.objective import Demo, completion_loss
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "gsm8k"
