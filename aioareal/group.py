@@ -18,12 +18,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-from .tasks.base import Example
+from typing import Any
 
 OBS_VERSION = -1  # the version placeholder of an observation token (never sampled by any policy)
 OBS_LOGPROB = math.nan  # its behaviour log-prob placeholder: never read (a NaN would show at once if it were)
 MODEL = "assistant"  # the role of the model's own turns; every other role is the world's
+
+
+@dataclass(frozen=True)
+class Example:
+    uid: str
+    prompt: str  # the user message (chat) or the full prompt text (raw)
+    answer: str  # reference the verifier compares against
+    row: dict[str, Any] = field(default_factory=dict, compare=False)  # original columns, for reward functions
+    # A conversational row (TRL's format): the prompt as {role, content} messages, rendered with the
+    # chat template as they are; `prompt` then holds the last user message (for display).
+    messages: list[dict[str, str]] | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from .tasks.base import Example
+from .group import Example
 
 
 class PromptSource:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from aioareal.config import load_config
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer
 from aioareal.trainer.batching import collate
 from aioareal.trainer.logprobs import token_logprobs

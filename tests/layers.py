@@ -5,31 +5,23 @@ from __future__ import annotations
 # Lowest first: a module may import its own layer and the layers below it, never one above. A
 # package is named for all its modules; a new package or root module must be placed here.
 LAYERS = [
+    # the base: errors, files, clocks, devices, users' code by import path, config, and the one record
+    # (Example, Sample, Group) everything else passes around
     ["aioareal.errors", "aioareal.io", "aioareal.timing", "aioareal.devices", "aioareal.allocator", "aioareal.losses",
-     "aioareal.usercode", "aioareal.loops"],  # usercode: users' reward functions, episodes and tools by import path
-    ["aioareal.config"],
-    ["aioareal.distributed"],  # primitives only: world, env, reduce, sharding
-    ["aioareal.models"],
-    ["aioareal.isolation"],  # threads and worker processes for code that may hang: verifiers, reward functions, tools
-    ["aioareal.grading"],  # the GSM8K answer reader: the final answer, read as a number, checked
-    ["aioareal.tasks", "aioareal.prompt_stream"],
-    ["aioareal.rewards"],  # the reward service: a group scored under one deadline, failures counted
-    ["aioareal.tools"],  # what episodes call: the calculator, users' tools, timeouts, error observations
-    ["aioareal.group"],  # the Group record: an example in, completions, rewards, advantages
-    ["aioareal.generation"],
-    ["aioareal.episodes"],  # multi-turn episodes: coroutines asking the engine for turns, tools between them
-    ["aioareal.checkpoint"],
-    ["aioareal.weightsync"],
-    ["aioareal.trainer"],
-    ["aioareal.orchestrator", "aioareal.evaluation"],  # evaluate: held-out sets on the engine, scored; pass@k, maj@k
-    ["aioareal.monitor"],
-    ["aioareal.run"],
-    ["aioareal.use"],  # after training: the eval and chat commands on runs, checkpoints and models
-    ["aioareal.api"],  # the Python API: train, evaluate, Run; the command line trains through it
-    ["aioareal.lab", "aioareal.lab.simulate"],
-    ["aioareal.lab.bench"],
-    ["aioareal.lab.experiments"],
-    ["aioareal.cli", "aioareal.__main__", "aioareal"],
+     "aioareal.usercode", "aioareal.loops", "aioareal.config", "aioareal.group"],
+    ["aioareal.distributed", "aioareal.models"],  # the world of ranks; models loaded, converted, encoded
+    # what a completion is worth: isolation for code that may hang, the GSM8K grader, tasks and their
+    # prompts, the reward service, the tools episodes call
+    ["aioareal.isolation", "aioareal.grading", "aioareal.tasks", "aioareal.prompt_stream", "aioareal.rewards",
+     "aioareal.tools"],
+    ["aioareal.generation", "aioareal.episodes"],  # the engine and the multi-turn episodes that drive it
+    ["aioareal.checkpoint", "aioareal.weightsync", "aioareal.trainer"],  # state on disk, weights moved, the update
+    # the gate and the loop; held-out sets scored (pass@k, maj@k); what a run shows
+    ["aioareal.orchestrator", "aioareal.evaluation", "aioareal.monitor"],
+    ["aioareal.run"],  # a run assembled from its config, started, resumed, stopped
+    ["aioareal.use", "aioareal.api"],  # after training (eval, chat); the Python API the command line goes through
+    # the lab (bench, simulate, experiments) and the command line
+    ["aioareal.lab", "aioareal.cli", "aioareal.__main__", "aioareal"],
 ]
 
 

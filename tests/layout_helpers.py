@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from aioareal.config import load_config
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.run.build import build_models, build_trainer
-from aioareal.tasks.base import Example
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import MicroBatch, collate
 from aioareal.trainer.logprobs import token_logprobs

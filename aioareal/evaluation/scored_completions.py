@@ -16,10 +16,9 @@ from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..generation.forward import kv_bytes_per_token
 from ..generation.turns import StopStrings
-from ..group import Completion, Group
+from ..group import Completion, Example, Group
 from ..loops import run_coroutine
 from ..rewards.service import RewardService
-from ..tasks.base import Example
 
 MAX_SLOTS = 256  # KV-cache slots of one engine: enough to batch a whole small set at once
 # The cache's bound: long prompts (lm-eval's 5-shot GSM8K, about 900 tokens) get fewer slots, so

@@ -28,23 +28,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import UserError
+from ..group import Group
 from ..isolation.pool import Deferred, Outcome, WorkerPool, shared_pool
 from ..isolation.threads import GRACE_S, MAX_HUNG, DaemonThreads
 
 # completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
 BatchScorer = Callable[[list[str], list[Any]], Any]
-
-
-class Scoreable(Protocol):
-    """What `score_group` reads of a finished group (`samples.Group`, a layer above, is one)."""
-
-    example: Any
-
-    @property
-    def completions(self) -> Sequence[Any]: ...  # each with its `tokens`, and a `text` it sets
 
 
 @dataclass
@@ -83,7 +75,7 @@ class RewardService:
             self._pool = shared_pool(self.workers, memory_limit_mb=self.memory_limit_mb)
         return self._pool
 
-    async def score_group(self, group: Scoreable) -> tuple[list[float], int]:
+    async def score_group(self, group: Group) -> tuple[list[float], int]:
         """Scores of a finished group's completions against its example, and how many failed; sets
         each completion's `text` to its decoded tokens (kept even when its check failed)."""
         completions = group.completions

@@ -19,13 +19,13 @@ from ..distributed.reduce import LOCAL, Collective
 from ..errors import UserError
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
+from ..group import Example
 from ..models import load_model, lora, resolve_dtype
 from ..models.load_policy import checkpoint_activations
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..orchestrator.workers import thread_for
 from ..rewards.service import RewardService
 from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
-from ..tasks.base import Example
 from ..trainer import Trainer
 from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs

@@ -18,9 +18,8 @@ from ..distributed.reduce import Collective
 from ..evaluation.pass_at_k import PromptVerdicts, sampled_figures
 from ..evaluation.scored_completions import generate
 from ..generation import SamplingParams
-from ..group import Completion
+from ..group import Completion, Example
 from ..orchestrator.step_report import PROMPT_TEXT_CHARS
-from ..tasks.base import Example
 
 
 @dataclass

@@ -28,10 +28,10 @@ from ..episodes.local import drive
 from ..errors import ConfigError
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
-from ..group import Group
+from ..group import Example, Group
 from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
-from ..tasks.base import Example, Task
+from ..tasks.base import Task
 from ..tools import ToolBox, ToolThreads, build_toolbox
 from .evaluation import EvalSet, Evaluator, KeptCompletions
 

@@ -36,11 +36,11 @@ from ..checkpoint.resume_plan import decide, resume_config
 from ..config import Config, load_config, save_config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
+from ..group import Example
 from ..models import load_model, load_tokenizer, lora, resolve_dtype
 from ..models.load_policy import END_OF_TURN
 from ..monitor.metrics import RunLog
 from ..tasks import PromptRenderer
-from ..tasks.base import Example
 from ..tasks.rows import field_value, read_file
 from ..trainer.objective import Demo, completion_loss
 from ..trainer.optim import build_optimizer, freeze_embeddings

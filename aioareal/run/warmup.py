@@ -24,12 +24,12 @@ import torch
 from ..config import Config, ToolsConfig
 from ..episodes import codec_for, load_episode
 from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
+from ..group import Example
 from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
 from ..models.prompt_encoding import PromptEncoder
 from ..models.shapes import SHAPES, build_char_tokenizer
 from ..tasks.arithmetic import ArithmeticTask
-from ..tasks.base import Example
 from ..trainer.objective import Demo, completion_loss
 from .evaluation import EvalSet, evaluate
 

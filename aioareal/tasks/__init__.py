@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from ..config import ArithmeticConfig, DataConfig, RewardConfig
 from ..errors import ConfigError
+from ..group import Example
 from ..isolation.guarded import GuardedCaller
 from .arithmetic import ArithmeticTask
-from .base import Example, PromptRenderer, Task
+from .base import PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions
 from .scoring import BatchScorer, GradedScorer, per_item
 

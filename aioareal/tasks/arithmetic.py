@@ -17,7 +17,7 @@ import random
 import re
 
 from ..grading.verify import Deferred, grade, grade_now
-from .base import Example
+from ..group import Example
 
 STYLES = ("raw", "chat", "question")
 

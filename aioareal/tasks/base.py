@@ -6,26 +6,15 @@ a `Task` yields `Example`s for a training and a held-out split and scores comple
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..errors import UserError
+from ..group import Example
 from ..io import loads_bounded
 from ..models.prompt_encoding import PromptEncoder
 
 if TYPE_CHECKING:  # not at run time: reward worker processes import tasks without transformers
     from transformers import PreTrainedTokenizerBase
-
-
-@dataclass(frozen=True)
-class Example:
-    uid: str
-    prompt: str  # the user message (chat) or the full prompt text (raw)
-    answer: str  # reference the verifier compares against
-    row: dict[str, Any] = field(default_factory=dict, compare=False)  # original columns, for reward functions
-    # A conversational row (TRL's format): the prompt as {role, content} messages, rendered with the
-    # chat template as they are; `prompt` then holds the last user message (for display).
-    messages: list[dict[str, str]] | None = field(default=None, compare=False)
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import DataError
 from ..grading.final_answer import normalize_number
 from ..grading.verify import Deferred, grade, math_equal
-from .base import Example
+from ..group import Example
 from .rows import RowSource, RowTask, field_value
 
 DEFAULT_PROMPT_FIELD = "question"  # data.prompt_field's default; a row with only TRL's `prompt` uses that

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..grading.verify import Deferred, grade, grade_now
-from .base import Example
+from ..group import Example
 from .rows import RowSource, RowTask, field_value
 
 INSTRUCTION = "Please put your final answer within \\boxed{}."

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..group import Example
 from ..isolation.pool import Deferred
-from .base import Example
 from .reward_functions import RewardFunctionError, WeightedRewards, batch_columns, check_failure, load_reward_functions
 
 _loaded: dict[tuple[tuple[str, ...], tuple[float, ...]], WeightedRewards] = {}

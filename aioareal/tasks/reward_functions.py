@@ -34,13 +34,14 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from ..errors import UserError
+from ..group import Example
 from ..isolation.guarded import GuardedCaller
 from ..isolation.pool import Deferred, Outcome
 from ..loops import run_coroutine
 from ..usercode import first_line as _first_line
 from ..usercode import is_registered, resolve_spec
 from ..usercode import user_frame as _user_frame
-from .base import Example, Task
+from .base import Task
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns

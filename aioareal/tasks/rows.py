@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError, UserError
+from ..group import Example
 from ..io import jsonl_lines, loads_bounded, parse_row
-from .base import Example
 
 Located = list[tuple[str, dict[str, Any]]]  # (where the row is, e.g. "file.jsonl:12", row)
 # (row, where it is, split name, index in that split) -> an example, or None to skip the row (counted)

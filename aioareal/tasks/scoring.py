@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import Example
+from ..group import Example
 
 BatchScorer = Callable[[list[str], list[Example]], Sequence[Any]]
 

@@ -10,12 +10,13 @@ import io
 import tokenize
 from pathlib import Path
 
-from layers import is_ancestor, layer_of
+from layers import LAYERS, is_ancestor, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[2] / "aioareal"
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 MAX_ROOT_MODULES = 12
+MAX_LAYERS = 9  # few layers that say something (docs/architecture.md#layers)
 
 
 
@@ -137,6 +138,10 @@ def upward_imports(graph: dict[str, dict[str, str]]) -> list[str]:
             if layer_of(target) > layer_of(module)]
 
 
+def test_the_layers_are_few():
+    assert len(LAYERS) <= MAX_LAYERS, f"{len(LAYERS)} layers in tests/layers.py: merge the ones that say nothing"
+
+
 def test_every_module_has_a_layer():
     unplaced = [m for m in package_modules() if layer_of(m) is None]
     assert not unplaced, f"modules in no layer of LAYERS (place them): {unplaced}"
@@ -151,7 +156,7 @@ def test_the_layer_check_sees_an_upward_import():
     graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
                                        "aioareal.losses": "aioareal/trainer/step.py:10"},
              "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
-    assert upward_imports(graph) == ["aioareal.trainer.step (layer 14) imports aioareal.run.build (layer 17) "
+    assert upward_imports(graph) == ["aioareal.trainer.step (layer 4) imports aioareal.run.build (layer 6) "
                                      "at aioareal/trainer/step.py:9"]
 
 

@@ -13,8 +13,9 @@ from aioareal import checkpoint
 from aioareal.checkpoint import RunState
 from aioareal.cli import main
 from aioareal.errors import UserError
+from aioareal.group import Example
 from aioareal.models.shapes import build_char_tokenizer
-from aioareal.tasks.base import Example, PromptRenderer
+from aioareal.tasks.base import PromptRenderer
 
 
 @pytest.mark.parametrize("inside", [False, True])

@@ -22,6 +22,7 @@ from aioareal.checkpoint.sharded import rank_state
 from aioareal.config import load_config
 from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
+from aioareal.group import Example
 from aioareal.orchestrator import StepReport
 from aioareal.prompt_stream import PromptSource
 from aioareal.run.cell import LocalCell, cell_for
@@ -29,7 +30,6 @@ from aioareal.run.rank_hooks import RankHooks, merge_rows, merge_samples
 from aioareal.run.recipe import train
 from aioareal.run.session import session
 from aioareal.run.sharded_cell import cell_config
-from aioareal.tasks.base import Example
 
 TWO = World(rank=0, size=2, control=object())  # a stand-in: only the rank and size are read
 

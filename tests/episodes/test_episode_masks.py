@@ -15,9 +15,8 @@ from hypothesis import strategies as st
 from layout_helpers import CPU, assert_layout_equals_padded
 
 from aioareal.config import load_config
-from aioareal.group import MODEL, OBS_VERSION, Completion, Group, Sample
+from aioareal.group import MODEL, OBS_VERSION, Completion, Example, Group, Sample
 from aioareal.models import random_model
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer
 from aioareal.trainer.batching import collate
 from aioareal.trainer.prefix_tree import build_tree

@@ -15,10 +15,9 @@ from aioareal.config import load_config
 from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_for
 from aioareal.episodes.local import drive
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.group import Group
+from aioareal.group import Example, Group
 from aioareal.models.shapes import build_char_tokenizer
 from aioareal.run.recipe import train
-from aioareal.tasks.base import Example
 from aioareal.tools import build_toolbox
 
 EPISODES = '''

@@ -17,9 +17,8 @@ from aioareal.episodes.builtin import call_of
 from aioareal.episodes.local import drive
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.group import MODEL, OBS_VERSION, Group
+from aioareal.group import MODEL, OBS_VERSION, Example, Group
 from aioareal.models.shapes import build_char_tokenizer
-from aioareal.tasks.base import Example
 from aioareal.tools import Tool, ToolBox, build_toolbox
 
 TOKENIZER = build_char_tokenizer()

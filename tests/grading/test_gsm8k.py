@@ -12,8 +12,9 @@ from aioareal.errors import DataError, UserError
 from aioareal.grading import verify as verify_mod
 from aioareal.grading.final_answer import extract_answer, normalize_number
 from aioareal.grading.verify import math_equal, verify_failures
+from aioareal.group import Example
 from aioareal.isolation.pool import shared_pool
-from aioareal.tasks.base import Example, Task
+from aioareal.tasks.base import Task
 from aioareal.tasks.gsm8k import INSTRUCTION, GSM8KTask
 
 

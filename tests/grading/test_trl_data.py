@@ -108,7 +108,7 @@ def test_reward_functions_get_what_trl_passes(tmp_path, trl):
 
 
 def test_plain_rows_keep_strings_and_a_length_reward_still_works(trl):
-    from aioareal.tasks.base import Example
+    from aioareal.group import Example
 
     rewards = WeightedRewards(load_reward_functions([f"{trl}:reward_func"]))
     assert rewards(["abc"], [Example("0", "p", "a", {})], completion_ids=[[1, 2, 3, 4]]) == [4.0]

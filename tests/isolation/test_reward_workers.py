@@ -20,11 +20,11 @@ from loop_gaps import with_longest_gap
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.grading.verify import SYMBOLIC_MODULE, grade
+from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import task_from
 from aioareal.tasks import build_scorer
-from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tasks.scoring import GradedScorer
 

@@ -20,11 +20,11 @@ from loop_gaps import with_longest_gap
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
+from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import build_evaluator, task_from
 from aioareal.run.evaluation import EvalSet
-from aioareal.tasks.base import Example
 from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tools import Tool, ToolBox
 

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from aioareal.config import load_config
+from aioareal.group import Example
 from aioareal.models.prompt_encoding import PromptEncoder, special_prefix
 from aioareal.models.shapes import CHARACTERS, build_char_tokenizer
 from aioareal.run.build import build_data, build_prompts
-from aioareal.tasks.base import Example, PromptRenderer
+from aioareal.tasks.base import PromptRenderer
 
 BOS, EOS, PAD = "<bos>", "<eos>", "<pad>"
 # A Gemma-style template: it renders BOS itself, as Gemma's and Llama 3's do.

@@ -12,13 +12,12 @@ from hypothesis import strategies as st
 from simulated_workers import SimulatedGenerator, SimulatedTrainer
 
 from aioareal.checkpoint import RunState
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.lab.simulate.lengths import gsm8k_like_length
 from aioareal.lab.simulate.virtualclock import run_virtual
 from aioareal.orchestrator import Orchestrator, Schedule
 from aioareal.orchestrator.admission import Admission, OldestFirstBuffer
 from aioareal.prompt_stream import PromptSource
-from aioareal.tasks.base import Example
 
 
 class Recorder:

@@ -20,10 +20,10 @@ from aioareal import checkpoint
 from aioareal.cli import main
 from aioareal.config import load_config
 from aioareal.errors import UserError
+from aioareal.group import Example
 from aioareal.rewards.service import RewardService
 from aioareal.run.events import DUPLICATE_S
 from aioareal.run.recipe import train
-from aioareal.tasks.base import Example
 
 QUIET = dict(log=lambda *_: None, printer=lambda row: None)
 

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from aioareal.episodes.codec import Codec
 from aioareal.errors import UserError
+from aioareal.group import Example
 from aioareal.models.shapes import build_char_tokenizer
 from aioareal.run.build import encode_prompts
-from aioareal.tasks.base import Example, PromptRenderer
+from aioareal.tasks.base import PromptRenderer
 
 LOOPS = {  # each would run millions of steps (or forever) before the first prompt is ready
     "nested ranges": "{% for a in range(3000) %}{% for b in range(3000) %}x{% endfor %}{% endfor %}",

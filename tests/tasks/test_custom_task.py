@@ -13,10 +13,11 @@ import pytest
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, DataError, UserError
+from aioareal.group import Example
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import task_from
 from aioareal.tasks import ArithmeticTask, build_scorer
-from aioareal.tasks.base import Example, Task
+from aioareal.tasks.base import Task
 from aioareal.tasks.reward_functions import (
     RewardedTask,
     RewardFunctionError,

@@ -11,8 +11,7 @@ import torch
 from hand_groups import CPU, groups_with_behaviour, known_shift, trainer_for
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.group import Completion, Group, Sample
-from aioareal.tasks.base import Example
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate
 from aioareal.trainer.objective import gap_stats

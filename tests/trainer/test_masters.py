@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from aioareal.config import load_config
 from aioareal.errors import UserError
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.batching import pack
 from aioareal.trainer.logprobs import token_logprobs

@@ -12,10 +12,9 @@ from torch._dynamo.utils import counters
 
 from aioareal.config import load_config
 from aioareal.config.layering import ConfigError
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
 from aioareal.run.build import build_models, build_trainer
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.masters import compile_layers
 from aioareal.trainer.optim import adamw_kind

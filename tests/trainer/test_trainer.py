@@ -9,9 +9,8 @@ from layout_helpers import assert_layout_equals_padded
 
 from aioareal import losses
 from aioareal.config import load_config
-from aioareal.group import Completion, Group, Sample
+from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.batching import collate, pack
 from aioareal.trainer.logprobs import token_logprobs

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from aioareal.config import load_config
-from aioareal.group import Completion, Group, Sample, Turn
+from aioareal.group import Completion, Example, Group, Sample, Turn
 from aioareal.models import random_model
-from aioareal.tasks.base import Example
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.batching import collate, set_aside
 from aioareal.trainer.stats import StepSums

@@ -15,12 +15,11 @@ import torch
 from ...checkpoint import RunState
 from ...config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunConfig, TrainConfig
 from ...devices import threads_restored, with_run_threads
-from ...group import Group
+from ...group import Example, Group
 from ...orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
 from ...prompt_stream import PromptSource
 from ...run.build import Models, build_engine, build_trainer, build_workers, context_length
 from ...run.events import run_event_loop
-from ...tasks.base import Example
 from ...trainer import Trainer
 from ...trainer.batching import computed_positions
 from .flops import FlopModel

@@ -153,8 +153,8 @@ def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
 def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers: int) -> None:
     """Through `RewardService.score`, one call per group of completions, all groups submitted at once."""
     from ...grading.verify import SYMBOLIC_MODULE, grade
+    from ...group import Example
     from ...rewards.service import RewardService
-    from ...tasks.base import Example
     from ...tasks.scoring import GradedScorer
 
     scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))

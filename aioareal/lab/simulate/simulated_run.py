@@ -9,10 +9,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ...checkpoint import RunState
-from ...group import Group
+from ...group import Example, Group
 from ...orchestrator import Orchestrator, Schedule, StepReport
 from ...prompt_stream import PromptSource
-from ...tasks.base import Example
 from .contention import Device, Lockstep, Topology
 from .cost_profile import Profile
 from .costed_workers import ProfiledGenerator, ProfiledTrainer
