@@ -8,7 +8,7 @@ preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill writes a
 decode writes one token per slot and attends over a length bucket.
 
 This is the plain Llama/Qwen layer: `self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, SiLU,
-RMSNorm before attention and MLP, RoPE in every layer (any variant: rotary.py), no sliding window
+RMSNorm before attention and MLP, RoPE in every layer (any variant: `rotary_tables` below), no sliding window
 (Qwen2, Qwen2.5, Llama 2/3.x, Mistral without a window; Qwen3's q/k norms). Other families run in
 family_forward.py; families.py says which the engine implements.
 """
@@ -24,7 +24,6 @@ from .families import unsupported_reason
 from .fusion import FusedLinear, fuse
 from .packed import PackedLinears, packing_pays
 from .prefix import PrefixLayout, shared_prefix_attention
-from .rotary import rotary_tables
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
@@ -98,7 +97,7 @@ class FastForward:
         self.kv_heads = config.num_key_value_heads
         self.eps = getattr(config, "rms_norm_eps", 1e-6)
         # The model's own rotary module makes the tables, so every RoPE variant it implements
-        # (llama3, yarn, linear, ...) is the engine's too (rotary.py).
+        # (llama3, yarn, linear, ...) is the engine's too (`rotary_tables`).
         self.tables = rotary_tables(model, max_len)
         self.cos, self.sin = next(iter(self.tables.values()))  # (max_len, head_dim) each
         self.max_len = max_len
@@ -253,3 +252,34 @@ class FastForward:
             h = h + self.linear.module(layer.self_attn.o_proj, attn)
             h = h + self._mlp(i, layer, self._norm(layer.post_attention_layernorm, h))
         return h[:, 0]
+
+
+# The engine's rotary tables, taken from the model's own rotary module.
+#
+# Every RoPE variant transformers implements (default, linear, dynamic, yarn, longrope, llama3)
+# lives in the model's `rotary_emb`, which maps positions to cos/sin with its attention scaling
+# already applied. The engine asks it once for positions [0, max_len) and gathers rows of the
+# tables per pass, so decode costs the same for every variant. The two variants whose frequencies
+# depend on the sequence's length (dynamic, longrope) give the same tables as a short sequence
+# only while max_len stays within their original length; families.py refuses longer contexts.
+# Gemma 3 keeps one table per layer type (local and global layers use different bases).
+Tables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (max_len, rotary_dim) each
+
+
+@torch.no_grad()
+def rotary_tables(model: PreTrainedModel, max_len: int) -> dict[str | None, Tables]:
+    """{layer type: (cos, sin)}: one entry keyed None, or one per layer type where the model's
+    rotary module keeps several (Gemma 3)."""
+    rotary = model.model.rotary_emb
+    weight = model.get_input_embeddings().weight
+    probe = torch.zeros(1, dtype=weight.dtype, device=weight.device)  # only its dtype and device are read
+    positions = torch.arange(max_len, device=weight.device)[None]
+    kinds = getattr(rotary, "layer_types", None)
+    if not kinds:
+        cos, sin = rotary(probe, positions)
+        return {None: (cos[0], sin[0])}
+    tables = {}
+    for kind in kinds:
+        cos, sin = rotary(probe, positions, kind)
+        tables[kind] = (cos[0], sin[0])
+    return tables

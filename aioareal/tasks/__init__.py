@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..config import ArithmeticConfig, DataConfig, RewardConfig
 from ..errors import ConfigError
 from ..group import Example
-from ..isolation.guarded import GuardedCaller
+from ..isolation.threads import GuardedCaller
 from .arithmetic import ArithmeticTask
 from .base import PromptRenderer, Task
 from .reward_functions import RewardedTask, WeightedRewards, load_reward_functions

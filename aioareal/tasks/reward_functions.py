@@ -16,7 +16,7 @@ and counts it); `check` calls every function once on training rows before traini
 wrong signature or return value is a one-line error instead.
 
 Outside training (`check`, and `RewardedTask.score` in held-out evaluation) the functions are called
-through an `isolation.guarded.GuardedCaller`: the reward service's timeout and isolation (threads, or
+through an `isolation.threads.GuardedCaller`: the reward service's timeout and isolation (threads, or
 worker processes with `reward.isolation=process`), never in-process without a deadline. A function
 that hangs in the check is a one-line error naming it and the timeout; in evaluation it scores 0 and
 is counted (`eval_reward_failures`).
@@ -35,8 +35,8 @@ from typing import Any
 
 from ..errors import UserError
 from ..group import Example
-from ..isolation.guarded import GuardedCaller
 from ..isolation.pool import Deferred, Outcome
+from ..isolation.threads import GuardedCaller
 from ..loops import run_coroutine
 from ..usercode import first_line as _first_line
 from ..usercode import is_registered, resolve_spec

@@ -24,6 +24,7 @@ as its own unit, or a DTensor weight take the checkpoint path.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -148,3 +149,19 @@ def _no_autocast(t: torch.Tensor):
     """Autocast off for the body: the casts are explicit (the module docstring)."""
     device = t.device.type
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext()
+
+
+# The two halves of a causal LM the trainer calls directly: the decoder stack (hidden states) and
+# the LM head (trainer/logprobs.py runs the head in chunks, never the causal LM's own forward).
+#
+# Llama-shaped models (and models/lora.py's `AdaptersOff`) name them `model` and `lm_head`; other
+# families their own way (GPT-NeoX: `gpt_neox` and `embed_out`), which transformers exposes as
+# `base_model` and `get_output_embeddings()`, so a model on the HF fallback backend
+# (generation/hf_backend.py) trains through the same code.
+def decoder(model: Any) -> Any:
+    """What maps input ids to the last hidden states (a module, or AdaptersOff's `model` method)."""
+    return model.model if hasattr(model, "model") else model.base_model
+
+
+def head(model: Any) -> torch.nn.Module:
+    return model.lm_head if hasattr(model, "lm_head") else model.get_output_embeddings()

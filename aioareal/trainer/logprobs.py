@@ -14,8 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from ..generation.families import logit_transform
-from .body import decoder, head
-from .fused_logprobs import fused_head_applies, fused_selected_logprobs
+from .fused_logprobs import decoder, fused_head_applies, fused_selected_logprobs, head
 from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
 from .varlen import VarlenRows
@@ -77,7 +76,7 @@ class TransformedHead(torch.nn.Module):
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
-    """The model's LM head (trainer/body.py), with the model's logit transform where its family has one."""
+    """The model's LM head (fused_logprobs.head), with the model's logit transform where its family has one."""
     divisor, cap = logit_transform(getattr(model, "config", None))
     return head(model) if divisor is None and cap is None else TransformedHead(head(model), divisor, cap)
 

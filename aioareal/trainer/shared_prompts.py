@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..group import Sample
-from .body import decoder
+from .fused_logprobs import decoder
 
 
 @dataclass

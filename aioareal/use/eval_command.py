@@ -25,8 +25,7 @@ from ..config.limits import GROUP_MAX
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..evaluation import lm_eval
-from ..evaluation.answers import answer_reader
-from ..evaluation.pass_at_k import PromptVerdicts, completion_figures, ks_up_to, mean_se, sampled_figures
+from ..evaluation.pass_at_k import PromptVerdicts, answer_reader, completion_figures, ks_up_to, mean_se, sampled_figures
 from ..evaluation.scored_completions import Scored, generate, score
 from ..generation import SamplingParams
 from ..generation.turns import StopStrings

@@ -118,7 +118,7 @@ def test_no_answers_no_maj():
 
 
 def test_final_answers_for_voting():
-    from aioareal.evaluation.answers import answer_reader
+    from aioareal.evaluation.pass_at_k import answer_reader
     from aioareal.tasks import ArithmeticTask
 
     raw = answer_reader(ArithmeticTask())
