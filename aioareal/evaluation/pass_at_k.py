@@ -117,7 +117,7 @@ Reader = Callable[[str], "str | None"]
 
 def answer_reader(task: Task) -> Reader | None:
     """How to read a completion's final answer for `task`, or None when the task defines none."""
-    base = getattr(task, "task", task)  # reward functions wrap the task (tasks.reward_functions.RewardedTask)
+    base = getattr(task, "task", task)  # reward functions wrap the task (rewards.reward_functions.RewardedTask)
     if base.name == "arithmetic" and getattr(base, "style", "raw") == "raw":
         return raw_answer
     if base.name == "arithmetic" and base.style == "question":

@@ -131,7 +131,7 @@ class BoundedThreads:
 # Users' reward functions called from a plain thread, under the reward service's deadline and isolation.
 #
 # The reward service (`rewards/service.py`) serves the event loop. Two callers of users' reward functions run
-# outside it, each on a thread of its own: the check before training (`tasks/reward_functions.py`) and
+# outside it, each on a thread of its own: the check before training (`rewards/reward_functions.py`) and
 # held-out evaluation (on the trainer's thread). They call through a `GuardedCaller` instead of calling
 # in-process: the same timeout (`reward.timeout_s`), the same isolation (a bounded set of daemon threads
 # for `reward.isolation=thread`; the worker pool, which kills and replaces a worker at the deadline, for

@@ -12,7 +12,7 @@ A call scores one group in two stages, both inside the call's deadline (`timeout
    or users' functions under `reward.isolation=process`). The pool kills and replaces a worker
    whose job still runs at the deadline, so a sympy call that never returns costs one timeout.
 
-What a scorer may return is described in `tasks.scoring` (numbers, Deferreds, Exceptions; or one
+What a scorer may return is described below (`per_item`) (numbers, Deferreds, Exceptions; or one
 Deferred for the group). A completion whose check timed out, raised, or gave something that is not
 a finite number scores 0 and is counted: `stats.timeouts` (checks stopped by the deadline: a whole
 call in stage 1, one job in stage 2), `stats.errors` (checks that raised or returned garbage,
@@ -31,12 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..group import Group
+from ..group import Example, Group
 from ..isolation.pool import Deferred, Outcome, WorkerPool, shared_pool
 from ..isolation.threads import GRACE_S, MAX_HUNG, DaemonThreads
-
-# completions (texts), examples (one per completion, any type) -> what tasks.scoring describes
-BatchScorer = Callable[[list[str], list[Any]], Any]
 
 
 @dataclass
@@ -223,3 +220,37 @@ class RewardService:
             self.stats.timeouts += 1
         else:
             self.stats.errors += 1
+
+
+# Scorers: the batch form of a task's verdict that the reward service takes.
+#
+# A scorer is called as `scorer(texts, examples)` with the decoded completions of one group and
+# their examples, and returns one entry per completion: a number; an `isolation.pool.Deferred` check
+# whose result is that completion's number (work that may run unbounded, done in a worker process);
+# or an Exception (that completion's check failed: scored 0 and counted). It may instead return one
+# `Deferred` whose result is the whole list. A scorer with a `worker_preload` attribute defers work:
+# the service starts its worker processes (importing those modules) before the first call.
+BatchScorer = Callable[[list[str], list[Example]], Sequence[Any]]
+
+
+def per_item(score: Callable[[str, Example], Any]) -> BatchScorer:
+    """Adapt a one-completion `score` to the batch form; one completion's failure is its own."""
+    def batch(texts: list[str], examples: list[Example]) -> list[Any]:
+        out: list[Any] = []
+        for text, example in zip(texts, examples):
+            try:
+                out.append(score(text, example))
+            except Exception as e:  # counted by the reward service; the group's other completions stand
+                out.append(e)
+        return out
+    return batch
+
+
+class GradedScorer:
+    """A task whose `grade(completion, example)` returns a number or a Deferred symbolic check."""
+
+    def __init__(self, grade: Callable[[str, Example], Any], preload: tuple[str, ...]) -> None:
+        self.batch, self.worker_preload = per_item(grade), preload
+
+    def __call__(self, texts: list[str], examples: list[Example]) -> list[Any]:
+        return self.batch(texts, examples)

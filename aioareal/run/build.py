@@ -24,8 +24,9 @@ from ..models import load_model, lora, resolve_dtype
 from ..models.load_policy import checkpoint_activations
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..orchestrator.workers import thread_for
+from ..rewards import RewardedTask, build_scorer, build_task
 from ..rewards.service import RewardService
-from ..tasks import PromptRenderer, RewardedTask, Task, build_scorer, build_task
+from ..tasks import PromptRenderer, Task
 from ..trainer import Trainer
 from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs
@@ -287,7 +288,7 @@ def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, t
     max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
 
     def run_eval() -> dict[str, float]:
-        failed_before = getattr(task, "failures", 0)  # reward functions' failures (tasks/reward_functions.py)
+        failed_before = getattr(task, "failures", 0)  # reward functions' failures (rewards/reward_functions.py)
         result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens, e.samples, e.temperature,
                           config.run.seed, backend=config.generation.backend)
         if keep is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..config import Config
 from ..models.local_names import check_local
-from ..tasks.reward_functions import RewardFunctionError
+from ..rewards.reward_functions import RewardFunctionError
 from ..tools.registry import check_tool_names
 from ..usercode import check_spec, is_registered
 

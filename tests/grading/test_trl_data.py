@@ -16,10 +16,10 @@ import pytest
 from aioareal.config import load_config
 from aioareal.errors import DataError
 from aioareal.models import load_tokenizer
+from aioareal.rewards.reward_functions import WeightedRewards, load_reward_functions
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import task_from
 from aioareal.tasks.base import PromptRenderer
-from aioareal.tasks.reward_functions import WeightedRewards, load_reward_functions
 
 # From TRL's GRPOTrainer documentation ("Using a custom reward function"), unchanged.
 TRL_REWARDS = '''

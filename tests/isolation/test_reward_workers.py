@@ -22,11 +22,10 @@ from aioareal.config import load_config
 from aioareal.grading.verify import SYMBOLIC_MODULE, grade
 from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
-from aioareal.rewards.service import RewardService
+from aioareal.rewards import build_scorer
+from aioareal.rewards.reward_functions import ProcessRewards
+from aioareal.rewards.service import GradedScorer, RewardService
 from aioareal.run.build import task_from
-from aioareal.tasks import build_scorer
-from aioareal.tasks.isolated import ProcessRewards
-from aioareal.tasks.scoring import GradedScorer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,10 +22,10 @@ from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
 from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
+from aioareal.rewards.reward_functions import ProcessRewards
 from aioareal.rewards.service import RewardService
 from aioareal.run.build import build_evaluator, task_from
 from aioareal.run.evaluation import EvalSet
-from aioareal.tasks.isolated import ProcessRewards
 from aioareal.tools import Tool, ToolBox
 
 RELEASE = threading.Event()  # lets in-process hangs of this module's tools end once their test is over

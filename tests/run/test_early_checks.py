@@ -11,8 +11,8 @@ import pytest
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
+from aioareal.rewards.reward_functions import RewardFunctionError
 from aioareal.run.early_checks import check_before_loading
-from aioareal.tasks.reward_functions import RewardFunctionError
 from aioareal.usercode import resolve_spec
 
 REPO = Path(__file__).resolve().parents[2]

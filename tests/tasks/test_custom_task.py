@@ -14,17 +14,18 @@ import pytest
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, DataError, UserError
 from aioareal.group import Example
-from aioareal.rewards.service import RewardService
-from aioareal.run.build import task_from
-from aioareal.tasks import ArithmeticTask, build_scorer
-from aioareal.tasks.base import Task
-from aioareal.tasks.reward_functions import (
+from aioareal.rewards import build_scorer
+from aioareal.rewards.reward_functions import (
     RewardedTask,
     RewardFunctionError,
     WeightedRewards,
     batch_columns,
     load_reward_functions,
 )
+from aioareal.rewards.service import RewardService
+from aioareal.run.build import task_from
+from aioareal.tasks import ArithmeticTask
+from aioareal.tasks.base import Task
 
 EXACT = """\
 def exact(completions, answer, **kwargs):

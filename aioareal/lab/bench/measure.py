@@ -12,8 +12,7 @@ from statistics import fmean
 from ...grading.verify import math_equal
 from ...group import Completion, Example, Group, Sample
 from ...orchestrator import EngineWorker, TrainerWorker
-from ...rewards.service import RewardService
-from ...tasks.scoring import per_item
+from ...rewards.service import RewardService, per_item
 from ...trainer.batching import computed_positions
 from ..simulate.lengths import length_sampler
 

@@ -154,8 +154,7 @@ def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers:
     """Through `RewardService.score`, one call per group of completions, all groups submitted at once."""
     from ...grading.verify import SYMBOLIC_MODULE, grade
     from ...group import Example
-    from ...rewards.service import RewardService
-    from ...tasks.scoring import GradedScorer
+    from ...rewards.service import GradedScorer, RewardService
 
     scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))
     service = RewardService(scorer, decode=lambda ids: texts[ids[0]], workers=workers, timeout_s=30.0, pool=pool)

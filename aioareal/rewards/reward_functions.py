@@ -7,7 +7,7 @@ every other column of the dataset rows comes as a list aligned with `completions
 `def exact(completions, answer, **kwargs)` works as written for TRL. A function without `**kwargs`
 gets only the columns it names. `async def` functions are run to completion (loops.run_coroutine) in
 the reward service's worker thread (a fresh event loop per call), under the service's timeout;
-with `reward.isolation=process` the same happens in a worker process (`isolated`).
+with `reward.isolation=process` the same happens in a worker process (`score_in_worker`).
 
 The reward is the weighted sum over functions (`reward.weights`, default 1 each). As in TRL, an
 entry of None (or NaN) means "does not apply to this sample" and adds nothing. A function that
@@ -21,8 +21,6 @@ worker processes with `reward.isolation=process`), never in-process without a de
 that hangs in the check is a one-line error naming it and the timeout; in evaluation it scores 0 and
 is counted (`eval_reward_failures`).
 """
-from __future__ import annotations
-
 import copy
 import inspect
 import math
@@ -38,15 +36,15 @@ from ..group import Example
 from ..isolation.pool import Deferred, Outcome
 from ..isolation.threads import GuardedCaller
 from ..loops import run_coroutine
+from ..tasks.base import Task
 from ..usercode import first_line as _first_line
 from ..usercode import is_registered, resolve_spec
 from ..usercode import user_frame as _user_frame
-from .base import Task
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-ISOLATED = __name__.rpartition(".")[0] + ".isolated"  # where worker processes call them (not imported: a cycle)
+ISOLATED = __name__  # where worker processes call them: this module, imported there by name
 
 
 class RewardFunctionError(UserError):
@@ -193,7 +191,7 @@ class WeightedRewards:
                 raise RewardFunctionError(check_failure(fn.spec, outcome, len(sample), caller.timeout_s))
 
     def specs(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
-        """What a worker process needs to load these functions (`isolated.score_in_worker`)."""
+        """What a worker process needs to load these functions (`score_in_worker`)."""
         return tuple(f.spec for f in self.functions), tuple(self.weights)
 
 
@@ -296,3 +294,50 @@ def _checked(spec: str, fn: Any) -> RewardFunction:
                                   f"keyword arguments: expected {TRL_SIGNATURE}")
     required = {p.name for p in params if p.kind in _KEYWORD and p.default is p.empty} - {"completions"}
     return RewardFunction(spec, fn, None if var_kw else frozenset(names), frozenset(required))
+
+
+# `reward.isolation=process`: the configured reward functions run in the reward worker processes.
+#
+# The default (`thread`) calls them in the reward service's threads: nothing has to pickle, but a
+# function that hangs can only be abandoned, and one that holds the GIL stalls the whole process.
+# With `process`, each group's call is sent to a spawned worker as the function specs, the
+# completions and the row columns (all of which must pickle); the worker imports the functions once
+# and keeps them, and the service kills and replaces a worker whose call overruns `reward.timeout_s`.
+_loaded: dict[tuple[tuple[str, ...], tuple[float, ...]], WeightedRewards] = {}
+
+
+class ProcessRewards:
+    """A scorer that hands the whole group to a worker process (one Deferred per call)."""
+
+    worker_preload: tuple[str, ...] = (__name__,)
+
+    def __init__(self, specs: list[str], weights: list[float] | None = None) -> None:
+        self.specs, self.weights = tuple(specs), tuple(weights or ())
+
+    takes_completion_ids = True  # the reward service passes the completions' token ids (rewards/service.py)
+
+    def __call__(self, texts: list[str], examples: list[Example],
+                 completion_ids: list[list[int]] | None = None) -> Deferred:
+        columns = batch_columns(examples, completion_ids)
+        return Deferred(f"{__name__}:score_in_worker", (self.specs, self.weights, list(texts), columns))
+
+
+def score_in_worker(specs: tuple[str, ...], weights: tuple[float, ...], texts: list[str],
+                    columns: dict[str, list[Any]]) -> list[float]:
+    """Runs in a worker: the weighted reward of each completion (functions loaded once per worker)."""
+    rewards = _loaded.get((specs, weights))
+    if rewards is None:
+        rewards = _loaded[(specs, weights)] = WeightedRewards(load_reward_functions(list(specs)), list(weights))
+    return rewards.with_columns(texts, columns)
+
+
+def check_in_worker(spec: str, completions: list[Any], columns: dict[str, list[Any]]) -> list[float | None]:
+    """Runs in a worker: `WeightedRewards.check` of one function under reward.isolation=process. A failure
+    comes back as one RewardFunctionError line, saying where in the user's code it went wrong."""
+    fn = load_reward_functions([spec])[0]
+    try:
+        return fn(completions, columns)
+    except RewardFunctionError:
+        raise
+    except Exception as e:
+        raise RewardFunctionError(check_failure(spec, e, len(completions))) from None
