@@ -252,7 +252,7 @@ def _train_in(run_dir: Path, config: Config, log: Callable[[str], None],
         parts = setup(cell.config(config), run_dir, cell, log, resume_from)
         if resume_from is not None:
             log(f"resuming {run_dir} from step {parts.start_step}")
-        elif config.eval.every:  # a real model's first evaluation takes a minute or more on a CPU: say so
+        else:  # step 0 is always evaluated, and a real model's takes minutes on a CPU: say so
             log(f"evaluating the held-out prompts before any update (step 0; eval.every={config.eval.every})")
         dashboard = printer is None and wants_dashboard(config.run.dashboard)
         if printer is None:

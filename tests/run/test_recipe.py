@@ -25,3 +25,14 @@ def test_a_finished_run_keeps_no_model_alive_and_gives_back_the_signals(tmp_path
                              flags={"run.run_dir": str(tmp_path / name), "run.dashboard": "off"})
         train(config, log=lambda *_: None, printer=lambda row: None)
         assert (live_models(), signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_run_says_it_evaluates_step_0_even_with_eval_every_0(tmp_path):
+    # eval.every=0 means "at the start and the end", so step 0's evaluation (minutes for a real model
+    # on a CPU) still comes first, and the run must say so rather than sit silent.
+    lines: list[str] = []
+    config = load_config(overrides=["model.name=random:tiny", "train.steps=1", "algo.batch_groups=2",
+                                    "algo.group_size=2", "eval.every=0", "data.eval_size=4"],
+                         flags={"run.run_dir": str(tmp_path / "run"), "run.dashboard": "off"})
+    train(config, log=lambda line, *_: lines.append(str(line)), printer=lambda row: None)
+    assert any("evaluating the held-out prompts before any update" in line for line in lines)
