@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -30,12 +31,11 @@ from typing import Any
 import torch
 
 from ..distributed.world import is_collective_failure
-from ..errors import UserError, one_line
-from ..io import atomic_write_text
+from ..errors import DataError, UserError, one_line, reading
+from ..io import atomic_write_text, loads_bounded
 from ..models import lora
 from .safe_reader import check_shards
 from .safeload import UnsafeFile, load_plain
-from .state_file import read_state_fields
 
 PREFIX = "step-"
 SHARDS = "shards"  # torch.distributed.checkpoint's directory in a checkpoint written by several ranks
@@ -237,6 +237,40 @@ def commit(run_dir: Path, tmp: Path, state: RunState, keep: int) -> Path:
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# -- state.json --------------------------------------------------------------------------------------
+# Read as JSON, never code, and every field of the type the run wrote, so a hand-edited or corrupted
+# file is one line naming it, never a traceback mid-resume (docs/reliability.md#bad-input-and-terminal-output).
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+STATE_FIELDS: dict[str, Callable[[Any], bool]] = {
+    "step": _count, "cursor": _count, "reward_failures": _count,
+    "elapsed": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0,
+    "ledger": lambda x: isinstance(x, dict) and all(_count(v) for v in x.values()),
+    "config_digest": lambda x: isinstance(x, str),
+    "ranks": lambda x: isinstance(x, list) and all(isinstance(r, dict) for r in x),
+}
+REQUIRED = ("step", "cursor", "elapsed")
+
+
+def read_state_fields(file: Path) -> dict[str, Any]:
+    """The fields of a RunState from `file`, each checked for its type; a DataError otherwise."""
+    with reading(file, "the JSON object a checkpoint writes"):
+        fields = loads_bounded(file.read_text(encoding="utf-8"))
+    if not isinstance(fields, dict):
+        raise DataError(f"{file}: expected a JSON object, got {type(fields).__name__}")
+    unknown = sorted(set(fields) - set(STATE_FIELDS))
+    missing = [name for name in REQUIRED if name not in fields]
+    if unknown or missing:
+        raise DataError(f"{file}: " + (f"unknown fields {unknown}" if unknown else f"missing fields {missing}"))
+    for name, ok in STATE_FIELDS.items():
+        if name in fields and not ok(fields[name]):
+            raise DataError(f"{file}: field '{name}' has the wrong type or sign ({fields[name]!r:.60})")
+    return fields
 
 
 def load_state(path: Path) -> RunState:

@@ -71,7 +71,7 @@ def test_failed_checkpoint_leaves_no_temp_dir(tmp_path: Path, monkeypatch) -> No
 def test_state_json_checks_cover_every_run_state_field() -> None:
     import dataclasses
 
-    from aioareal.checkpoint.state_file import STATE_FIELDS
+    from aioareal.checkpoint.atomic import STATE_FIELDS
 
     assert sorted(STATE_FIELDS) == sorted(f.name for f in dataclasses.fields(RunState))
 
