@@ -100,13 +100,13 @@ class Engine(QueueFront):
         if ready is not None and self.stream is not None:
             self.stream.wait_event(ready)
         self.version = version
-        self.fwd.linear.drop()  # weights packed for the CPU (packed.py) are the old version's
+        self.fwd.linear.drop()  # weights packed for the CPU (forward.py) are the old version's
         self.prefix_kv = None  # and so is the prompt prefix's K/V
         if self.running:
             self.stale_cache = self.recompute_kv
 
     def idle(self) -> None:
-        """Nothing left to decode: let go of what only decoding needs (the packed weights, packed.py;
+        """Nothing left to decode: let go of what only decoding needs (the packed weights, forward.py;
         made again at the next step, as after every new version), and without CUDA graphs (which
         hold its addresses) the KV cache too: in sync mode the trainer's step runs between two
         batches, and the cache's memory is then its to use (docs/log/2026-11-memory-4gib.md)."""

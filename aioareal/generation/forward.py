@@ -14,15 +14,17 @@ family_forward.py; families.py says which the engine implements.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..models.attention import short_attention
 from .families import unsupported_reason
 from .fusion import FusedLinear, fuse
-from .packed import PackedLinears, packing_pays
 from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -102,7 +104,7 @@ class FastForward:
         self.cos, self.sin = next(iter(self.tables.values()))  # (max_len, head_dim) each
         self.max_len = max_len
         self._fuse_projections(fuse)
-        # Weights packed once per version for the CPU's matmul units (packed.py); F.linear elsewhere.
+        # Weights packed once per version for the CPU's matmul units (`PackedLinears`); F.linear elsewhere.
         self.linear = PackedLinears(packing_pays(model.get_input_embeddings().weight, compiled))
 
     def _fuse_projections(self, enabled: bool) -> None:
@@ -283,3 +285,61 @@ def rotary_tables(model: PreTrainedModel, max_len: int) -> dict[str | None, Tabl
         cos, sin = rotary(probe, positions, kind)
         tables[kind] = (cos[0], sin[0])
     return tables
+
+
+# The engine's linear layers with their weights packed once for the CPU's matmul units.
+#
+# torch's eager bf16 matmul on the CPU hands the weight to oneDNN in its plain layout, and oneDNN
+# reorders it into the blocked layout its AMX / AVX-512 kernels read on every call. At a decode
+# batch (tens of rows) that reorder costs about as much as the multiply itself, and the LM head's
+# (vocabulary x hidden) weight is the largest of all. `PackedLinears` keeps one packed copy of each
+# weight (`mkldnn._reorder_linear_weight`, the layout inductor's frozen graphs use) and multiplies
+# with `mkldnn._linear_pointwise`, which computes what `F.linear` does, to the bit (tests). The
+# weights change only when the engine adopts a new version: `drop()` then, and each weight is packed
+# again at its next use, once per version rather than once per decode step.
+#
+# On: the CPU, bf16 weights (fp32's kernels do not reorder as much), oneDNN present with a bf16
+# reorder for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only CPU has none and torch raises),
+# eager decoding (a compiled decode step traces F.linear). Elsewhere every call is plain `F.linear`.
+def packing_pays(weight: torch.Tensor, compiled: bool) -> bool:
+    """Whether packing is on for a model whose weights are like `weight` (the comment above)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and not compiled
+            and torch.backends.mkldnn.is_available() and _ops_present())
+
+
+@functools.cache
+def _ops_present() -> bool:
+    """The packing ops exist and this CPU can run them in bf16 (tried once on a small weight)."""
+    try:
+        probe = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 16, dtype=torch.bfloat16), probe, None, "none", [], "")
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class PackedLinears:
+    """x @ W.T + b for the engine's weights: packed per weight where `enabled`, else F.linear."""
+
+    def __init__(self, enabled: bool, rows_hint: int = 64) -> None:
+        self.enabled, self.rows_hint = enabled, rows_hint  # rows_hint: the batch oneDNN packs for
+        self._packed: dict[int, torch.Tensor] = {}  # id(weight) -> its packed copy, this version's
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.enabled:
+            return F.linear(x, weight, bias)
+        packed = self._packed.get(id(weight))
+        if packed is None:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), self.rows_hint)
+            self._packed[id(weight)] = packed
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    def module(self, linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A model's own projection: packed where it is exactly `nn.Linear`, else its own forward."""
+        if not self.enabled or type(linear) is not nn.Linear:
+            return linear(x)
+        return self(x, linear.weight, linear.bias)
+
+    def drop(self) -> None:
+        """The weights changed (a new version adopted): pack each again at its next use."""
+        self._packed.clear()

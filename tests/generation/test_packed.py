@@ -1,4 +1,4 @@
-"""The engine's linear layers with weights packed for oneDNN (generation/packed.py): the same
+"""The engine's linear layers with weights packed for oneDNN (generation/forward.py): the same
 outputs as F.linear, packed once per version, dropped when a version is adopted or the engine goes
 idle, and off where it does not apply."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.packed import PackedLinears, packing_pays
+from aioareal.generation.forward import PackedLinears, packing_pays
 from aioareal.group import Group
 from aioareal.models import random_model
 
