@@ -23,7 +23,7 @@ import torch
 
 from ..config import Config, ToolsConfig
 from ..episodes import codec_for, load_episode
-from ..episodes.builtin import RAW_CALL, RAW_END, RAW_RESULT
+from ..episodes.runner import RAW_CALL, RAW_END, RAW_RESULT
 from ..group import Example
 from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
@@ -180,7 +180,7 @@ def _operand(rng: random.Random, digits: int, nonzero: bool = False) -> int:
 def _answer(example, calls: bool, encode, eos: int) -> tuple[list[int], list[bool]]:
     """What the model learns to write after the prompt, and which tokens it is taught (the calculator's
     result is an observation: context, never a target). With `calls`, the calculator episode's raw
-    format (episodes/builtin.py): 23+45=[23+45]{68}68<eos>"""
+    format (episodes/runner.py): 23+45=[23+45]{68}68<eos>"""
     if not calls:
         ids = encode(example.answer) + [eos]
         return ids, [True] * len(ids)

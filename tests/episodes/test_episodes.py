@@ -13,8 +13,8 @@ import torch
 from engine_helpers import WANDER_EOS, reference_logprobs, wandering_model
 
 from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
-from aioareal.episodes.builtin import call_of
 from aioareal.episodes.local import drive
+from aioareal.episodes.runner import call_of
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import MODEL, OBS_VERSION, Example, Group
