@@ -19,9 +19,10 @@ batches, as they do for groups.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from ..generation import Engine
 from ..group import Group
 from .queue import Ask, TurnQueue
 from .runner import EpisodeRunner
@@ -132,3 +133,31 @@ class EpisodeWorker:
 async def stored_rewards(group: Group) -> tuple[list[float], int]:
     """The orchestrator's scorer for episodes: they have scored themselves (runner.run_group)."""
     return group.rewards, group.reward_failures
+
+
+# -- episodes on the calling thread ------------------------------------------------------------------
+# Evaluation and tests drive an engine on the calling thread instead of `EpisodeWorker`'s generator
+# thread. `drive` runs on an event loop of its own (evaluation runs it with `asyncio.run` on the
+# trainer's thread): between engine steps the episodes run; while none of them needs the engine (all
+# waiting on tools) it waits for the next ask instead of spinning.
+async def drive(engine: Engine, queue: TurnQueue, runs: list[Awaitable[Any]]) -> list[Any]:
+    """Run `runs` (a runner's `run_group` calls) to their ends, stepping `engine` for their turns."""
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    wake = asyncio.Event()
+    queue.on_ask = lambda ask: wake.set()
+    for task in tasks:
+        task.add_done_callback(lambda _: wake.set())
+    try:
+        while not all(t.done() for t in tasks):
+            queue.feed(engine.submit_turn)
+            if engine.busy:
+                engine.step()
+                queue.resolve(engine.take_turns())
+                await asyncio.sleep(0)  # the episodes whose turns ended go on
+            else:
+                wake.clear()
+                await wake.wait()
+        return [t.result() for t in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -24,7 +24,7 @@ from ..episodes import (
     load_episode,
     stored_rewards,
 )
-from ..episodes.local import drive
+from ..episodes.episode_worker import drive
 from ..errors import ConfigError
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine

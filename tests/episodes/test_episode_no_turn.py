@@ -13,7 +13,7 @@ from engine_helpers import WANDER_EOS, wandering_model  # noqa: I001 -- tests/ h
 
 from aioareal.config import load_config
 from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_for
-from aioareal.episodes.local import drive
+from aioareal.episodes.episode_worker import drive
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Example, Group
 from aioareal.models.shapes import build_char_tokenizer

@@ -13,7 +13,7 @@ import torch
 from engine_helpers import WANDER_EOS, reference_logprobs, wandering_model
 
 from aioareal.episodes import EpisodeContext, EpisodeRunner, TurnQueue, codec_for, load_episode
-from aioareal.episodes.local import drive
+from aioareal.episodes.episode_worker import drive
 from aioareal.episodes.runner import call_of
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
