@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..group import Example
 from ..io import loads_bounded
 from ..models.prompt_encoding import PromptEncoder
@@ -84,17 +84,18 @@ class PromptRenderer:
     def _render(self, messages: list[dict[str, Any]], example: Example, **extra: Any) -> str:
         # Under a step bound: a template is a program from the model's files. Imported here, as reward
         # workers import this module without transformers (models/__init__ loads it).
-        from ..models.chat_template import apply_template
+        from ..models.chat_template import apply_template, template_error
 
         try:
             return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
         except Exception as e:
             # One that refuses a row (raise_exception), breaks jinja's sandbox or is malformed is the
             # model's fault or the data's, not ours: one line. Our own errors (UserError) pass through.
-            if isinstance(e, UserError) or not _template_error(e):
+            if isinstance(e, UserError) or not template_error(e):
                 raise
-            raise UserError(f"the tokenizer's chat template refused row {example.uid}: {type(e).__name__}: {e}; "
-                            "set data.chat_template=false or data.prompt_template='...{question}...'") from None
+            hint = "set data.chat_template=false or data.prompt_template='...{question}...'"
+            raise UserError(one_line(f"the tokenizer's chat template refused row {example.uid}: "
+                                     f"{type(e).__name__}: {e}; {hint}")) from None
 
     def ids(self, example: Example) -> list[int]:
         return self.encode(self.text(example))
@@ -117,12 +118,6 @@ class PromptRenderer:
         if self._longest is None:
             self._longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         return tokens * 2 * max(self._longest, 1)
-
-
-def _template_error(e: Exception) -> bool:
-    """Raised by the jinja chat template (TemplateError and its SecurityError), or transformers' word
-    on it (a ValueError: no template, a bad message list)."""
-    return type(e).__module__.startswith(("jinja2", "transformers")) or isinstance(e, ValueError)
 
 
 def _row_tools(example: Example) -> list[dict[str, Any]] | None:

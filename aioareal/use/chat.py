@@ -26,8 +26,9 @@ from transformers import TextStreamer
 
 from ..config import Config
 from ..devices import resolve_device
-from ..errors import UserError, guarded
+from ..errors import UserError, guarded, one_line
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from ..models.chat_template import apply_template, template_error
 from ..models.prompt_encoding import PromptEncoder
 from ..monitor.completions import printable
 from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
@@ -80,7 +81,7 @@ def chat(args: argparse.Namespace) -> int:
         try:
             talk.reply(prompt)
         except UserError as e:  # one turn's problem (too long): said, and the conversation goes on
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -159,7 +160,13 @@ class Conversation:
             return prompt  # the raw format: the prompt itself, no turns
         system = [{"role": "system", "content": self.system}] if self.system else []
         messages = system + self.history + [{"role": "user", "content": prompt}]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:  # the one bounded renderer training and eval use: a template is a program from the model's files
+            return apply_template(self.tokenizer, messages, add_generation_prompt=True)
+        except Exception as e:
+            if isinstance(e, UserError) or not template_error(e):
+                raise
+            raise UserError(one_line(f"the model's chat template refused the conversation: {type(e).__name__}: "
+                                     f"{e}")) from None
 
     def room(self, prompt_tokens: int) -> int:
         """New tokens the reply may have: max_new_tokens, or fewer where the conversation would run past

@@ -113,3 +113,20 @@ def test_a_prompt_past_the_models_positions_is_one_line_and_the_conversation_goe
     assert main(["chat", str(tiny_model_path), "--max-new-tokens", "4"]) == 0
     said = capsys.readouterr()
     assert "error: the prompt is" in said.err and said.out.strip()
+
+
+def test_chat_renders_through_the_bounded_renderer_and_says_a_template_error_in_one_line(tiny_model_path):
+    import torch
+
+    tokenizer = load_tokenizer(str(tiny_model_path))
+    model = load_model(str(tiny_model_path), torch.float32, torch.device("cpu"))
+    talk = Conversation(model, tokenizer, None, max_new_tokens=4, temperature=0.0)
+    tokenizer.chat_template = "{{ ('x' * 50000000)|length }}"  # one expression of 50 MB: sized before it is made
+    with pytest.raises(UserError, match="the chat template of .* would make a value of about 50,000,000 characters"):
+        talk.render("hi")
+    tokenizer.chat_template = "{{ raise_exception('no\\x1b[2J\\nturns\\r here') }}"  # the model's files speak
+    with pytest.raises(UserError) as e:
+        talk.render("hi")
+    line = str(e.value)
+    assert line.startswith("the model's chat template refused the conversation: TemplateError: no\\x1b[2J\\nturns")
+    assert not any(ord(c) < 32 for c in line)
