@@ -1,6 +1,5 @@
 """Batched KV-cache generation: engine (slots, continuous batching), forward pass, sampling."""
-from .engine import Engine
-from .options import EngineOptions, engine_options
+from .engine import Engine, EngineOptions, engine_options
 from .sampling import SamplingParams, sample
 
 __all__ = ["Engine", "EngineOptions", "engine_options", "SamplingParams", "sample"]

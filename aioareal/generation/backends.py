@@ -16,10 +16,9 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..group import Group
-from .engine import Engine
+from .engine import Engine, EngineOptions
 from .families import unsupported_reason
 from .hf_backend import HFEngine
-from .options import EngineOptions
 
 Backend = Engine | HFEngine
 BACKENDS = ("auto", "engine", "hf")

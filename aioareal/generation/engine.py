@@ -27,28 +27,77 @@ completed events. The rest (slots, lengths, limits, prompts) goes up by pinned n
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
+from ..config.schema import GenerationConfig
 from ..group import Group
 from ..timing import PhaseTimer
 from .family_forward import build_forward
 from .forward import KVCache
 from .graphs import DecodeGraphs, can_use_own_generator
-from .options import EngineOptions
 from .prefix import PrefixLayout, layout_of
 from .queue_front import QueueFront
-from .sampling import GRAPH_SPAN_BUCKET, SHORT_SPAN, live_decode_pays, resolve_overlap, sampler_for  # noqa: F401
+from .sampling import (  # noqa: F401
+    GRAPH_SPAN_BUCKET,
+    SHORT_SPAN,
+    SamplingParams,
+    fused_sampler_enabled,
+    live_decode_pays,
+    resolve_overlap,
+    sampler_for,
+)
 from .scheduler import Scheduler, same_size_runs
 from .sequence import Running
 from .transfers import SlotLimits, StepOutput, to_host, upload, upload_padded
-from .turns import TurnRequest
+from .turns import StopStrings, TurnRequest
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an engine is sized and how it decodes, in one record (`Engine`, `HFEngine`, `make_engine`
+    take it whole; `engine_options` below is the one place that builds it from the config). `fuse`:
+    q/k/v and gate/up as one matmul each, over fused weights the model's parameters are re-pointed into
+    (fusion.py); False for a model that also trains. `overlap`: launch each step before reading the
+    previous one's tokens; True, False or "auto" (on for CUDA). `fused_sampler`: the compiled sampler
+    that reads the logits once (`fused_sample`, sampling.py). `shared_prefix`: decode with each group's
+    prompt keys read once (prefix.py); eager only. The HF fallback (hf_backend.py) reads the sizes,
+    `params`, `seed`, `recompute_kv`, `timed` and `stop`."""
+
+    num_slots: int  # sequences decoded at once (KV-cache slots)
+    max_len: int  # prompt + completion tokens a slot holds
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0
+    cuda_graphs: bool = False
+    recompute_kv: bool = True  # docs/architecture.md#rules, rule 3
+    compile: bool = False
+    timed: bool = False  # record each phase's seconds for the metrics
+    fuse: bool = True
+    overlap: bool | str = "auto"
+    fused_sampler: bool = False
+    shared_prefix: bool = False
+    stop: StopStrings | None = None  # strings that end a plain group's sequence (eval's lm-eval protocol)
+    # Token ids every prompt is expected to start with (eval's few-shot context, a long system prompt):
+    # their K/V is computed once and copied into each slot, and only the rest of a prompt is prefilled.
+    prompt_prefix: tuple[int, ...] = ()
+
+
+def engine_options(g: GenerationConfig, num_slots: int, max_len: int, seed: int, device: torch.device,
+                   timed: bool = True) -> EngineOptions:
+    """A training engine's options from generation.*: `num_slots` when generation.num_slots is 0 (the
+    admission bound's), `seed` the sampling seed (each torchrun rank has its own), `device` the
+    generator's (generation.fused_sampler=auto depends on it)."""
+    return EngineOptions(g.num_slots or num_slots, max_len, SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
+                         seed=seed, cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv, compile=g.compile,
+                         timed=timed, overlap=g.overlap, fused_sampler=fused_sampler_enabled(g.fused_sampler, device),
+                         shared_prefix=g.shared_prefix)
 
 
 class Engine(QueueFront):
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
-        """`options` (options.py): the slots, context, sampling and decode paths, in one record."""
+        """`options` (EngineOptions): the slots, context, sampling and decode paths, in one record."""
         o = options
         num_slots, max_len, params, seed = o.num_slots, o.max_len, o.params, o.seed
         self.model = model.eval()

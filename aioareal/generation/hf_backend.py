@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..group import Group
 from ..timing import PhaseTimer
-from .options import EngineOptions
+from .engine import EngineOptions
 from .queue_front import QueueFront
 from .sampling import sample
 from .scheduler import Scheduler
@@ -49,7 +49,7 @@ class HFEngine(QueueFront):
     """The engine's interface over the model's own forward (module docstring)."""
 
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
-        """`options` (options.py): of them the fallback reads the sizes, `params`, `seed`, `recompute_kv`
+        """`options` (engine.py): of them the fallback reads the sizes, `params`, `seed`, `recompute_kv`
         and `timed`."""
         o = options
         num_slots, max_len, params, seed, recompute_kv, timed = (o.num_slots, o.max_len, o.params, o.seed,
