@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from .. import checkpoint
 from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
-from ..distributed.reduce import LOCAL, Collective
+from ..distributed.world import LOCAL, Collective
 from ..errors import UserError
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine

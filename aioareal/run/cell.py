@@ -19,8 +19,7 @@ from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
 from ..config import Config, to_dict
 from ..devices import resolve_device
-from ..distributed.reduce import LOCAL, Collective
-from ..distributed.world import World, current
+from ..distributed.world import LOCAL, Collective, World, current
 from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ..distributed.reduce import Collective
+from ..distributed.world import Collective
 from ..evaluation.pass_at_k import PromptVerdicts, sampled_figures
 from ..evaluation.scored_completions import generate
 from ..generation import SamplingParams

@@ -21,9 +21,8 @@ from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
 from ..config import Config, to_dict
 from ..devices import resolve_device
-from ..distributed.reduce import Collective, Global
 from ..distributed.sharding import Mirror, shard_policy
-from ..distributed.world import World
+from ..distributed.world import Collective, Global, World
 from ..errors import ConfigError
 from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..distributed.reduce import Collective
+from ..distributed.world import Collective
 
 
 @dataclass

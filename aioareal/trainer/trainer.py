@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from .. import losses
 from ..config import AlgoConfig, TrainConfig
-from ..distributed.reduce import LOCAL, Collective
+from ..distributed.world import LOCAL, Collective
 from ..errors import UserError
 from ..generation.layer_plan import sliding_windows
 from ..group import Group
