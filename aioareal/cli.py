@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .distributed.env import launched_by_torchrun
-from .errors import guarded
+from .errors import guarded, one_line
 
 if TYPE_CHECKING:  # the config loads lazily: --help and --version import no torch
     from .config import Config
@@ -263,11 +263,11 @@ def main(argv: list[str] | None = None, restart: bool = False) -> int:
         return 0
     error = unknown_command(argv[0]) if argv else None
     if error:
-        print(error, file=sys.stderr)
+        print(one_line(error), file=sys.stderr)  # it quotes the word as typed
         return 2
     if argv and argv[0] in table and argv[0] != "train" and launched_by_torchrun():
-        print(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per rank)",
-              file=sys.stderr)
+        print(one_line(f"error: '{argv[0]}' runs in one process; under torchrun only training runs (one cell per "
+                       "rank)"), file=sys.stderr)
         return 2
     try:
         if argv and argv[0] in table:

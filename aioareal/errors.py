@@ -109,7 +109,7 @@ def guarded(debug: bool, fn: Callable[[], int]) -> int:
     try:
         return fn()
     except RunStopped as e:  # not an error: the run checkpointed and says how to continue
-        print(e, file=sys.stderr)
+        print(one_line(e), file=sys.stderr)
         return e.exit_code
     except UserError as e:
         if debug:

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .errors import one_line
+
 
 def run_coroutine(coro: Coroutine[Any, Any, Any], on_interrupt: Callable[[], None] | None = None) -> Any:
     """`coro`'s result (or its exception). Beside a running loop, `on_interrupt` (when given) takes
@@ -74,7 +76,7 @@ CLOSE_GRACE_S = 30.0  # after a stall, how long the run has to close before the 
 
 
 def exit_stalled(cause: str) -> None:
-    print(f"error: {cause}; exiting (status {EXIT_STALLED})", file=sys.stderr, flush=True)
+    print(one_line(f"error: {cause}; exiting (status {EXIT_STALLED})"), file=sys.stderr, flush=True)
     os._exit(EXIT_STALLED)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from ..errors import UserError
+from ..errors import UserError, one_line
 from .gguf_header import check_gguf_header
 from .prompt_encoding import special_prefix
 
@@ -69,8 +69,8 @@ def _keep_tokenizer_metadata(tokenizer: Any, kept: dict[str, str | bool], path: 
         return
     tokenizer.add_bos_token = wants  # transformers rebuilds the post-processor from this flag
     if (special_prefix(tokenizer) == [bos]) != wants:
-        print(f"warning: {path}: the file says tokenizer.ggml.add_bos_token={str(wants).lower()}, but its converted "
-              "tokenizer does otherwise; prompts follow the converted tokenizer", flush=True)
+        print(one_line(f"warning: {path}: the file says tokenizer.ggml.add_bos_token={str(wants).lower()}, but its "
+                       "converted tokenizer does otherwise; prompts follow the converted tokenizer"), flush=True)
 
 
 def require_packages(path: Path) -> None:

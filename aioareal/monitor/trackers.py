@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import yaml
 
 from ..config import RunConfig
-from ..errors import UserError
+from ..errors import UserError, one_line
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # tracker -> package
 QUEUE_ROWS = 4096  # rows waiting for the thread; more than a long run's worth of bursts
@@ -113,7 +113,7 @@ def check_installed(names: list[str]) -> None:
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    print(one_line(f"warning: {message}"), file=sys.stderr, flush=True)
 
 
 class TrackerFeed:

@@ -16,7 +16,7 @@ from .. import checkpoint
 from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.world import LOCAL, Collective
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..group import Example
@@ -87,7 +87,7 @@ def build_prompts(config: Config, data: Data, tokenizer: object, log: Log) -> Pr
         data.task.encode = renderer.encoder.continuation  # type: ignore[attr-defined]
     train, train_ids = encode_prompts(data.train, renderer, d.max_prompt_tokens, d.skip_bad_rows, "training", log)
     if problem := renderer.check(train[0], train_ids[train[0].uid]):  # the start-up check, before training
-        log(f"warning: prompt check (row {train[0].uid}): {problem}")
+        log(one_line(f"warning: prompt check (row {train[0].uid}): {problem}"))
     chat = renderer.templated
     if not data.held_out:
         return Prompts(train, train_ids, EvalSet([], []), chat)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from ..errors import one_line
 from ..loops import exit_stalled, run_coroutine
 from ..monitor.plain import plain_line
 
@@ -30,6 +31,11 @@ class Stoppable(Protocol):
     stop_requested: bool
 
     def request_stop(self, signum: int = 2) -> None: ...
+
+
+def _say(signum: int, what: str) -> None:
+    """A line on stderr about signal `signum`, after a newline (the terminal echoed ^C on the current one)."""
+    print("\n" + one_line(f"{signal.Signals(signum).name}: {what}"), file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -52,8 +58,7 @@ def stop_signals(target: Stoppable) -> Iterator[None]:
             # single appends that a resume repairs.
             print("exiting now", file=sys.stderr, flush=True)
             os._exit(128 + signum)
-        print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing "
-              "(press Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+        _say(signum, "finishing the current step and checkpointing (press Ctrl-C again to exit at once)")
         target.request_stop(signum)
 
     installed = []
@@ -81,12 +86,11 @@ def request_stops(signum: int = signal.SIGINT) -> None:
     """Ask every run whose loop has no signal handlers to stop after its step (one still starting
     stops after its first)."""
     if not _interruptible:
-        print(f"\n{signal.Signals(signum).name}: the run stops after its first step", file=sys.stderr, flush=True)
+        _say(signum, "the run stops after its first step")
         _pending[:] = [signum]
     for loop, target in list(_interruptible):
         if not target.stop_requested:
-            print(f"\n{signal.Signals(signum).name}: finishing the current step and checkpointing",
-                  file=sys.stderr, flush=True)
+            _say(signum, "finishing the current step and checkpointing")
         loop.call_soon_threadsafe(target.request_stop, signum)
 
 

@@ -96,7 +96,7 @@ def open_conversation(name: str, overrides: list[str], config_file: str | None =
     source = model_source(target, start)
     device = resolve_device(config.rollout.gen_device, "gen")
     started = time.perf_counter()  # a real model loads for seconds: say so on stderr, not in the reply's stdout
-    print(f"chat: loading {source} on {device} ...", file=sys.stderr, flush=True)
+    print(one_line(f"chat: loading {source} on {device} ..."), file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(source, config.model.trust_remote_code)
     model = load_model(source, resolve_dtype(config.model.dtype, device), device, config.model.trust_remote_code,
                        allow_pickle=config.model.allow_pickle).eval()
@@ -179,8 +179,8 @@ class Conversation:
         if left < 1:
             raise UserError(f"{what} is {prompt_tokens:,} tokens, past the model's {positions:,} positions; "
                             + ("/reset forgets the conversation" if self.history else "give a shorter prompt"))
-        print(f"warning: {what} is {prompt_tokens:,} tokens of the model's {positions:,} positions: this reply "
-              f"is cut at {left} new tokens", file=sys.stderr, flush=True)
+        print(one_line(f"warning: {what} is {prompt_tokens:,} tokens of the model's {positions:,} positions: this "
+                       f"reply is cut at {left} new tokens"), file=sys.stderr, flush=True)
         return left
 
     def reply(self, prompt: str, stream: bool = True) -> str:

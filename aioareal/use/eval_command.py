@@ -23,7 +23,7 @@ from typing import Any
 from ..config import Config
 from ..config.limits import GROUP_MAX
 from ..devices import resolve_device
-from ..errors import UserError, guarded
+from ..errors import UserError, guarded, one_line
 from ..evaluation import lm_eval
 from ..evaluation.pass_at_k import PromptVerdicts, answer_reader, completion_figures, ks_up_to, mean_se, sampled_figures
 from ..evaluation.scored_completions import Scored, generate, score
@@ -119,12 +119,12 @@ def run_eval(args: argparse.Namespace) -> int:
     print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
         if column.get("truncated_greedy", 0) >= CUT_OFF_WARNING:
-            print(f"warning: {column['target']}: {column['truncated_greedy']:.0%} of the greedy completions were cut "
-                  f"off at {new_tokens} new tokens; raise --max-new-tokens (or eval.max_new_tokens) to score "
-                  "whole answers")
+            print(one_line(f"warning: {column['target']}: {column['truncated_greedy']:.0%} of the greedy completions "
+                           f"were cut off at {new_tokens} new tokens; raise --max-new-tokens (or eval.max_new_tokens) "
+                           "to score whole answers"))
         if column.get("reward_failures"):
-            print(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, hung "
-                  "past reward.timeout_s or returned garbage) and scored 0")
+            print(one_line(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, "
+                           "hung past reward.timeout_s or returned garbage) and scored 0"))
     print(f"completions: {out / 'eval.jsonl'}; figures: {out / 'figures.json'}")
     print(line)
     return 0
@@ -265,7 +265,7 @@ def held_out(config: Config, tokenizer: Any) -> tuple[Any, list, list[list[int]]
     examples, ids = encode_prompts(data.held_out, renderer, d.max_prompt_tokens, d.skip_bad_rows, "held-out",
                                    log=lambda _: None)
     if problem := renderer.check(examples[0], ids[examples[0].uid]):  # the start-up check, as training's
-        print(f"warning: prompt check (row {examples[0].uid}): {problem}", file=sys.stderr, flush=True)
+        print(one_line(f"warning: prompt check (row {examples[0].uid}): {problem}"), file=sys.stderr, flush=True)
     return data.task, examples, [ids[e.uid] for e in examples]
 
 

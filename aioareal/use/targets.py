@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..config import Config, load_config
-from ..errors import UserError
+from ..errors import UserError, one_line
 from ..models.local_names import is_local_name
 from ..run.build import model_path
 
@@ -34,7 +34,8 @@ class Target:
 def resolve(arg: str) -> Target:
     path = Path(arg)
     if path.is_dir() and (path / RUN_CONFIG).is_file():
-        latest = checkpoint.latest_readable(path, log=lambda line: print(line, file=sys.stderr), move_aside=False)
+        latest = checkpoint.latest_readable(path, log=lambda line: print(one_line(line), file=sys.stderr),
+                                            move_aside=False)
         if latest is None:
             raise UserError(f"{arg}: the run has no checkpoint yet (it writes one every run.checkpoint_every "
                             "steps and at its end)")
