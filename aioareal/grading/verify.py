@@ -11,6 +11,12 @@ as a `Deferred` check, which the reward service runs in its worker pool under it
 `math_equal` and `grade_now` are the standalone forms (evaluation, TRL, custom tasks): they run
 the deferred checks in the process-wide pool with a timeout of their own and count failures in
 `verify_failures()`.
+
+A reference answer is read once (`_gold` is cached, its failures included) and never at length: a
+solution ending in `####`/`\\boxed` is read from its last `MAX_CHARS` as a completion is, and a bare
+answer longer than MAX_REFERENCE_CHARS is no answer (`ReferenceTooLong`, a failure the reward
+service counts). Without that, a reference of megabytes cost about a second of CPU per graded
+completion, with the GIL held in the reward thread (issue 49).
 """
 from __future__ import annotations
 
@@ -21,12 +27,13 @@ from fractions import Fraction
 from typing import Any
 
 from ..isolation.pool import Deferred, shared_pool
-from .final_answer import find_answer
+from .final_answer import MAX_CHARS, find_answer, normalize_number
 from .numbers import Reading, read_span
 
 SYMBOLIC_MODULE = "aioareal.grading.symbolic"
 SYMBOLIC = f"{SYMBOLIC_MODULE}:equivalent"
 TOLERANCE = Fraction(1, 10**6)  # agree to 6 decimal places (math-verify's float_rounding=6)
+MAX_REFERENCE_CHARS = MAX_CHARS  # a bare reference answer longer than what is read of a completion is not one
 
 _lock = threading.Lock()
 _failures = 0
@@ -42,9 +49,12 @@ def grade(gold: str, completion: str) -> float | Deferred:
     """1.0 / 0.0 when decided by reading numbers, else a Deferred symbolic check.
 
     `gold` is a bare answer ("18", "\\frac{3}{4}") or a solution ending in `#### N` / `\\boxed{N}`.
-    Raises ValueError (numbers.NumberTooLong) for a number past Python's integer digit limit.
+    Raises ValueError (numbers.NumberTooLong) for a number past Python's integer digit limit, and
+    `ReferenceTooLong` for a bare `gold` past MAX_REFERENCE_CHARS.
     """
-    gold_text, g = _gold(gold)
+    gold_text, g, failure = _gold(gold)
+    if failure is not None:
+        raise type(failure)(*failure.args)  # a fresh one: the cached one would gather every raise's frames
     found = find_answer(completion)
     if not gold_text or found is None or found.void or found.reading.hedged:
         return 0.0
@@ -56,17 +66,38 @@ def grade(gold: str, completion: str) -> float | Deferred:
     return Deferred(SYMBOLIC, (gold_text, found.text))
 
 
-@functools.lru_cache(maxsize=4096)  # a group's G completions share one gold
-def _gold(gold: str) -> tuple[str | None, Reading]:
-    text = gold_answer(gold)
-    return text, read_span(text) if text else Reading()
+class ReferenceTooLong(ValueError):
+    """A bare reference answer past MAX_REFERENCE_CHARS: graded as a failure, never read."""
+
+
+@functools.lru_cache(maxsize=4096)  # a group's G completions share one gold, read once, failures too
+def _gold(gold: str) -> tuple[str | None, Reading, ValueError | None]:
+    """The gold's answer text, its reading, and why it cannot be graded (None when it can)."""
+    try:
+        text = gold_answer(gold)
+        return text, read_span(text) if text else Reading(), None
+    except ValueError as e:  # NumberTooLong, ReferenceTooLong: every completion against it fails alike
+        return None, Reading(), e
 
 
 def gold_answer(gold: str) -> str | None:
+    """The answer a reference states: its final `####`/`\\boxed` answer (read from its end, as a
+    completion's), or the whole of a bare answer, refused past MAX_REFERENCE_CHARS."""
     if "####" in gold or "\\boxed" in gold:
         found = find_answer(gold)
         return found.text if found is not None else None
-    return gold.strip() or None
+    text = gold.strip()
+    if len(text) > MAX_REFERENCE_CHARS:
+        raise ReferenceTooLong(f"a reference answer of {len(text):,} characters (at most {MAX_REFERENCE_CHARS:,} "
+                               "without a #### or \\boxed final answer)")
+    return text or None
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_number(answer: str) -> str | None:
+    """`normalize_number(answer)` for a reference answer, read once per answer; a reference past
+    MAX_REFERENCE_CHARS is not one number (and is not read)."""
+    return normalize_number(answer) if len(answer) <= MAX_REFERENCE_CHARS else None
 
 
 def numbers_equal(gold: Reading, predicted: Reading) -> bool:

@@ -12,11 +12,11 @@ repeated whitespace.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..errors import DataError
-from ..grading.final_answer import normalize_number
-from ..grading.verify import Deferred, grade, math_equal
+from ..grading.verify import Deferred, grade, math_equal, reference_number
 from ..group import Example
 from .rows import RowSource, RowTask, field_value
 
@@ -31,13 +31,13 @@ class CustomTask(RowTask):
         self.prompt_field, self.answer_field, self.answer_required = prompt_field, answer_field, answer_required
 
     def score(self, completion: str, example: Example) -> float:
-        if normalize_number(example.answer) is not None:
+        if reference_number(example.answer) is not None:  # read once per answer, and never at length
             return math_equal(example.answer, completion, self.timeout_s)
-        return float(_squash(completion) == _squash(example.answer))
+        return float(_squash(completion) == _squashed_reference(example.answer))
 
     def grade(self, completion: str, example: Example) -> float | Deferred:
         """The reward service's form of `score`: symbolic checks come back as a Deferred for its workers."""
-        if normalize_number(example.answer) is not None:
+        if reference_number(example.answer) is not None:
             return grade(example.answer, completion)
         return self.score(completion, example)
 
@@ -83,3 +83,6 @@ def conversation(value: list[Any], where: str) -> list[dict[str, str]]:
 
 def _squash(text: str) -> str:
     return " ".join(text.split())
+
+
+_squashed_reference = functools.lru_cache(maxsize=4096)(_squash)  # a group's completions share one answer
