@@ -86,8 +86,8 @@ def run_training(config: Any, resume_target: Path | None, flags: dict[str, Any],
     from ..checkpoint.resume_plan import resume_config
     from ..run.cell import cell_for
     from ..run.events import quiet
+    from ..run.recipe import resume
     from ..run.recipe import train as train_run
-    from ..run.resume import resume
     from ..run.session import session
 
     if config is None:

@@ -307,6 +307,7 @@ def _fsync_dir(path: Path) -> None:
 
 # -- restore and the finished marker --------------------------------------------------------------
 DONE_FILE = "DONE"  # written when a run has trained all its steps; sweeps skip such runs
+SFT_MARKER = "SFT"  # in an sft run's directory: `sft --resume` continues only these, an RL resume refuses them
 
 
 def mark_done(run_dir: Path, step: int) -> None:

@@ -1,6 +1,6 @@
 """`--resume runs/NAME`: every decision of a resume. Which run (`resume_target`), which config
 (`resume_config`), which checkpoint (`decide`: `latest_readable`, never past broken ones), or none
-(start over), or nothing to do (the run had finished); run/resume.py then trains from the chosen
+(start over), or nothing to do (the run had finished); run/recipe.py's `resume` then trains from the chosen
 checkpoint, which the cell restores.
 
 The run's saved config is the base; flags and overrides may extend it (more `train.steps`, another

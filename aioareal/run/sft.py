@@ -48,7 +48,6 @@ from ..trainer.trainer import autocasts
 from .build import build_data, model_path, resume_adapter, task_from
 
 Log = Callable[[str], None]
-SFT_MARKER = "SFT"  # in an sft run's directory: `sft --resume` continues only these, an RL resume refuses them
 _CALCULATOR = re.compile(r"<<[^>]*>>")  # GSM8K's calculator annotations: 48/2 = <<48/2=24>>24
 FINAL_LR = 0.1  # the schedule decays linearly to this fraction of sft.lr at sft.steps
 
@@ -255,7 +254,7 @@ def sft(config: Config, log: Log = print, resume: Path | None = None) -> Path:
     try:
         latest = None
         if resume is not None:
-            if not (run_dir / SFT_MARKER).is_file():
+            if not (run_dir / checkpoint.SFT_MARKER).is_file():
                 raise UserError(f"--resume {run_dir}: not an sft run (an RL run continues with "
                                 f"python -m aioareal --resume {run_dir})")
             action, latest = decide(run_dir, config.sft.steps, log)
@@ -266,7 +265,7 @@ def sft(config: Config, log: Log = print, resume: Path | None = None) -> Path:
 
             check_fresh_run_dir(run_dir)
         save_config(config, run_dir / "config.yaml")
-        (run_dir / SFT_MARKER).touch()
+        (run_dir / checkpoint.SFT_MARKER).touch()
         last = train_sft(config, run_dir, log, latest)
         log(f"sft written to {run_dir}; its policy: {last / checkpoint.POLICY_DIR}\n"
             f"start RL from it:  python -m aioareal model.name={run_dir} ...\n"

@@ -135,8 +135,8 @@ REWARD = "def odd(completions, **columns):\n    return [float(len(c) % 2) for c 
 
 
 def _train(run_dir, steps: int, reward: str, resume: bool = False) -> list[dict]:
+    from aioareal.run.recipe import resume as resume_run
     from aioareal.run.recipe import train
-    from aioareal.run.resume import resume as resume_run
 
     quiet = dict(log=lambda *_: None, printer=lambda row: None)
     if resume:

@@ -339,7 +339,7 @@ def test_a_detokenizer_error_scores_zero_instead_of_failing_the_group():
 
 
 def test_resume_skips_an_unreadable_checkpoint_for_the_one_before_it(tmp_path):
-    from aioareal.run.resume import resume
+    from aioareal.run.recipe import resume
 
     run_dir = tmp_path / "run"
     config = load_config(overrides=["model.name=random:tiny", "train.steps=3", "algo.batch_groups=2", "eval.every=0",

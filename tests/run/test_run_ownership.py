@@ -16,8 +16,7 @@ import pytest
 from aioareal.checkpoint.ownership import RUN_LOCK, own_run_dir, release_run_dir
 from aioareal.config import load_config, save_config
 from aioareal.errors import UserError
-from aioareal.run.recipe import train
-from aioareal.run.resume import resume
+from aioareal.run.recipe import resume, train
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 # A live run, as the kernel sees it: a process holding an flock on the directory's lock file, its pid

@@ -111,8 +111,8 @@ def test_a_run_keeps_bf16_moments_in_its_checkpoint_and_resumes_as_the_unbroken_
     from aioareal.checkpoint import latest_checkpoint
     from aioareal.checkpoint.atomic import load_trainer_state
     from aioareal.config import load_config
+    from aioareal.run.recipe import resume
     from aioareal.run.recipe import train as train_run
-    from aioareal.run.resume import resume
 
     keys = ["train.optimizer_moments=bfloat16", "run.checkpoint_every=1", "eval.every=0", "algo.batch_groups=4",
             "algo.group_size=4"]

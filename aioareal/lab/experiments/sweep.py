@@ -159,8 +159,7 @@ def shard_of(runs: list[PlannedRun], shard: tuple[int, int]) -> list[PlannedRun]
 
 def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[str], None] = print,
               dashboard: str | None = None, shard: tuple[int, int] = (0, 1)) -> Path:
-    from ...run.recipe import train
-    from ...run.resume import resume
+    from ...run.recipe import resume, train
 
     name, runs = plan(path, runs_root)
     runs = shard_of(runs, shard)

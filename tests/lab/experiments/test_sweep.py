@@ -132,8 +132,7 @@ def test_a_stopped_run_stops_the_sweep_with_the_signal_exit_code(tmp_path, tiny_
 
 def test_resume_of_a_finished_run_that_lost_its_done_file_marks_it_done(tmp_path):
     from aioareal.config import load_config
-    from aioareal.run.recipe import train
-    from aioareal.run.resume import resume
+    from aioareal.run.recipe import resume, train
 
     config = load_config(overrides=["model.name=random:tiny", "train.steps=2", "algo.batch_groups=2",
                                     "eval.every=0", "data.eval_size=8"], flags={"run.run_dir": str(tmp_path / "r")})
