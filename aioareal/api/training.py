@@ -84,11 +84,10 @@ def run_training(config: Any, resume_target: Path | None, flags: dict[str, Any],
     `flags`, in the job's session (one process, or a torchrun rank's cell): the one path of both
     the command line and `train`."""
     from ..checkpoint.resume_plan import resume_config
-    from ..run.cell import cell_for
+    from ..run.cell import cell_for, session
     from ..run.events import quiet
     from ..run.recipe import resume
     from ..run.recipe import train as train_run
-    from ..run.session import session
 
     if config is None:
         config = resume_config(resume_target, list(overrides), flags, force)

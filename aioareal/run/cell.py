@@ -6,8 +6,9 @@ the cell they were given, so each difference between the two shapes is a method 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -19,7 +20,9 @@ from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
 from ..config import Config, to_dict
 from ..devices import resolve_device
-from ..distributed.world import LOCAL, Collective, World, current
+from ..distributed.env import launched_by_torchrun, rank_number
+from ..distributed.world import LOCAL, Collective, World, current, init, is_collective_failure, rank_error, teardown
+from ..errors import RunStopped, UserError
 from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
@@ -124,3 +127,32 @@ def cell_for(world: World) -> Cell:
 
 def current_cell() -> Cell:
     return cell_for(current())
+
+
+@contextlib.contextmanager
+def session(config: Config) -> Iterator[World]:
+    """Join the torchrun job for the length of a command. Under torchrun: initialise torch.distributed
+    (NCCL bound to this rank's trainer GPU, or gloo) with `dist.timeout_s`, and turn a failed collective
+    into a one-line error naming this rank. Without torchrun's variables: this process alone,
+    torch.distributed untouched."""
+    if not launched_by_torchrun():
+        yield current()
+        return
+    slot = (rank_number("LOCAL_RANK"), config.rollout.devices_per_rank)
+    device = resolve_device(config.rollout.train_device, "train", slot)
+    world = init(config.dist.timeout_s, config.dist.backend, device)
+    clean = False
+    try:
+        yield world
+        clean = True
+    except RunStopped:  # every rank stopped after the same step and checkpointed together
+        clean = True
+        raise
+    except UserError:
+        raise
+    except Exception as e:
+        if is_collective_failure(e):
+            raise rank_error(world, e) from e
+        raise
+    finally:
+        teardown(clean)

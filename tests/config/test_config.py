@@ -110,7 +110,7 @@ def test_a_temperature_whose_logits_overflow_is_refused():
 
 
 def test_a_torchrun_variable_that_is_no_number_is_one_line(monkeypatch):
-    from aioareal.run.session import session
+    from aioareal.run.cell import session
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "abc", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():

@@ -25,10 +25,9 @@ from aioareal.errors import ConfigError, UserError
 from aioareal.group import Example
 from aioareal.orchestrator import StepReport
 from aioareal.prompt_stream import PromptSource
-from aioareal.run.cell import LocalCell, cell_for
+from aioareal.run.cell import LocalCell, cell_for, session
 from aioareal.run.rank_hooks import RankHooks, merge_rows, merge_samples
 from aioareal.run.recipe import train
-from aioareal.run.session import session
 from aioareal.run.sharded_cell import cell_config
 
 TWO = World(rank=0, size=2, control=object())  # a stand-in: only the rank and size are read
