@@ -136,7 +136,9 @@ def _frame(file: Path, sort: bool) -> pd.DataFrame:
     if sort and len(df):
         if "step" not in df.columns:
             raise DataError(f"{file}: no row has a 'step' (not a run's metrics file)")
-        df = df[df["step"].notna()]  # a row whose step is not a number belongs to no step
+        df = df[df["step"].abs() < math.inf].copy()  # a step that is not a finite number (null, "3", Infinity): no step
+        # Every row of a run's metrics has its time; one written by hand or cut may not: no time, not a KeyError.
+        df["time"] = df["time"].where(df["time"].abs() < math.inf) if "time" in df.columns else math.nan
         # A resumed run may repeat a step if it crashed after writing it; the last write wins.
         df = df.drop_duplicates("step", keep="last").sort_values("step").reset_index(drop=True)
     return df
