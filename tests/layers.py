@@ -12,8 +12,7 @@ LAYERS = [
     ["aioareal.distributed", "aioareal.models"],  # the world of ranks; models loaded, converted, encoded
     # what a completion is worth: isolation for code that may hang, the GSM8K grader, tasks and their
     # prompts, the reward service, the tools episodes call
-    ["aioareal.isolation", "aioareal.grading", "aioareal.tasks", "aioareal.prompt_stream", "aioareal.rewards",
-     "aioareal.tools"],
+    ["aioareal.isolation", "aioareal.grading", "aioareal.tasks", "aioareal.rewards", "aioareal.tools"],
     ["aioareal.generation", "aioareal.episodes"],  # the engine and the multi-turn episodes that drive it
     ["aioareal.checkpoint", "aioareal.weightsync", "aioareal.trainer"],  # state on disk, weights moved, the update
     # the gate and the loop; held-out sets scored (pass@k, maj@k); what a run shows

@@ -18,8 +18,7 @@ from typing import Any, Protocol
 from ..checkpoint import RunState
 from ..errors import UserError
 from ..group import Group
-from ..prompt_stream import PromptSource
-from .admission import Admission, Ledger, OldestFirstBuffer
+from .admission import Admission, Ledger, OldestFirstBuffer, PromptSource
 from .step_report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
 

@@ -30,7 +30,7 @@ from ..monitor.live import LiveState
 from ..monitor.plain import wants_dashboard
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
-from ..prompt_stream import PromptSource
+from ..orchestrator.admission import PromptSource
 from ..rewards.service import RewardService
 from ..trainer.optim import relative_step_warning
 from .build import (
