@@ -8,6 +8,8 @@ embeddings write no `output.weight`. Matrices are f16 or q8_0 (rows of 32 values
 a matrix whose rows do not divide by 32 stays f16); norms and biases stay f32, as llama.cpp wants.
 The tokenizer and chat template go in the metadata (gguf_vocab.py). The file is written beside its
 destination and renamed, so a failed export leaves no half-written GGUF (docs/architecture.md rule 6).
+A killed export cannot remove its temporary file: it is named by the writer's pid, so the next export
+to the same file removes those of writers no longer alive, and refuses while one still is.
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ def export_gguf(model: Any, tokenizer: Any, out: Path, qtype: str = "f16", name:
     rows = model.get_input_embeddings().weight.shape[0]
     vocab = vocab_of(tokenizer, rows)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    _clear_husks(out)
+    tmp = out.with_name(f"{_tmp_prefix(out)}{os.getpid()}")
     try:
         writer = gguf.GGUFWriter(str(tmp), arch)
         _write_config(writer, model.config, name, rows, qtype)
@@ -63,6 +66,37 @@ def export_gguf(model: Any, tokenizer: Any, out: Path, qtype: str = "f16", name:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def _tmp_prefix(out: Path) -> str:
+    """Temporary files of exports to `out` are named this and the writer's pid."""
+    return f".{out.name}.tmp-"
+
+
+def _clear_husks(out: Path) -> None:
+    """Remove the temporary files that killed exports to `out` left; one UserError line if a live
+    process is writing `out` now (two writers would rename over each other)."""
+    prefix = _tmp_prefix(out)
+    for husk in out.parent.glob(f"{prefix}*"):
+        pid = husk.name[len(prefix):]
+        if not pid.isdigit() or husk.is_symlink() or not husk.is_file():
+            continue  # not one of ours: left alone
+        if int(pid) != os.getpid() and _alive(int(pid)):
+            raise UserError(f"export: {out} is being written by another export now (pid {pid}, {husk.name}); "
+                            "wait for it, or export to another file")
+        husk.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid < 1:
+        return False  # os.kill(0, ...) would ask about our own process group
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone; a number no process has
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _rope_theta(config: Any) -> float:

@@ -175,3 +175,27 @@ def test_without_the_gguf_package_the_export_says_how_to_get_it(tmp_path, monkey
     err = capsys.readouterr().err.strip()
     assert err == ("error: export: writing a GGUF file needs the gguf package: pip install 'aioareal[gguf]' "
                    "(or pip install gguf)")
+
+
+def test_a_killed_exports_temporary_file_is_removed_and_a_live_writer_refused(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    run = tiny_run(tmp_path)
+    out = tmp_path / "model.gguf"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has now: an export killed with SIGKILL left its file
+    husk = tmp_path / f".model.gguf.tmp-{gone.pid}"
+    husk.write_bytes(b"GGUF half written")
+    unrelated = tmp_path / ".model.gguf.tmp-notapid"
+    unrelated.write_text("someone else's")
+    assert main(["export", str(run), "--gguf", str(out)]) == 0
+    assert out.stat().st_size > 0 and not husk.exists() and unrelated.exists()
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as live:
+        try:
+            (tmp_path / f".model.gguf.tmp-{live.pid}").write_bytes(b"being written")
+            assert main(["export", str(run), "--gguf", str(out)]) == 2
+        finally:
+            live.kill()
+    err = capsys.readouterr().err
+    assert f"is being written by another export now (pid {live.pid}" in err and err.count("\n") == 1
