@@ -4,10 +4,8 @@ torch allocates every CPU tensor with malloc. glibc's malloc serves a block of u
 heaps it rarely shrinks once its adaptive mmap threshold has risen, and each new block above it
 from fresh pages, faulted in one by one: a training step's activations (tens of MiB per layer,
 freed and made again every micro-batch) both fragment the heaps and pay the faults. tcmalloc and
-jemalloc keep freed blocks in size-classed caches and reuse them. On SmolLM2's sums config on
-a 2-core AVX-512 machine tcmalloc made the loss phase about a quarter faster and, with the
-config's memory levers, the peak 4.1 instead of 4.7 GiB (docs/log/2026-11-memory-4gib.md);
-jemalloc did nearly as well; Intel's tbbmalloc (a pip wheel) held more than glibc.
+jemalloc keep freed blocks in size-classed caches and reuse them, which made SmolLM2's sums
+config faster and smaller (docs/log/figures-from-code.md).
 
 An allocator has to be in the process before anything allocates, so `python -m aioareal` starts
 itself again with it in LD_PRELOAD (`reexec`), once, before any model loads. `auto` takes

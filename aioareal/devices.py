@@ -50,8 +50,7 @@ def one_cpu_team(devices: list[torch.device], overlapping: bool) -> bool:
     process's only OpenMP team (docs/architecture.md#threads-on-the-cpu): both on the CPU and
     taking turns (sync mode). torch's GNU OpenMP gives every thread that runs a parallel op a team of
     its own; with more of them than cores it puts idle workers to sleep at once, and every small op
-    then waits for a wake-up (an RMSNorm of a decode step: 294 us on the generator's thread of a run
-    against 22 us with one team; docs/log/2026-11-avx512-cpu.md)."""
+    then waits for a wake-up (docs/log/2026-11-avx512-cpu.md)."""
     return not overlapping and all(d.type == "cpu" for d in devices)
 
 

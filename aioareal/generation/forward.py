@@ -34,9 +34,7 @@ _HAS_RMS_NORM = hasattr(F, "rms_norm")
 def matmul_attention_pays(q: torch.Tensor) -> bool:
     """Attention as two batched matmuls and a softmax (models/attention.py `short_attention`) rather
     than SDPA: on the CPU in 16-bit, where torch's flash kernel is several times slower than the
-    matmuls at every length the engine decodes (a decode step of 64 rows at SmolLM2's shape: 1.9
-    against 0.28 ms per layer at 64 keys, 29 against 9.4 ms at 1,000; prefill 1.5x; in fp32 SDPA
-    wins; docs/log/2026-11-avx512-cpu.md)."""
+    matmuls at every length the engine decodes; in fp32 SDPA wins (docs/log/2026-11-avx512-cpu.md)."""
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 

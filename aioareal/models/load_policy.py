@@ -177,8 +177,8 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int
     """A model of a named shape with random weights. Its weights are drawn on the CPU, so the same
     seed gives the same weights wherever the model then goes (a run's generator and trainer may sit
     on different devices). `build_on_device` draws them on `device` instead: the same seed then gives
-    the same weights on that device only, and a GPU bench no longer waits ~35 s per Qwen2.5-0.5B
-    for the host to initialize it twice over (docs/log/2026-11-h200-session.md)."""
+    the same weights on that device only, and a GPU bench does not wait for the host to initialize
+    a model twice over (docs/log/2026-11-h200-session.md)."""
     if shape not in SHAPES:
         raise UserError(f"model.name 'random:{shape}': unknown shape (known: {', '.join(SHAPES)})")
     tokenizer = build_char_tokenizer()

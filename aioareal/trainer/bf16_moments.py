@@ -14,9 +14,7 @@ The update runs over chunks of each parameter (CHUNK elements), so its fp32 temp
 small beside the largest parameter (the 49k x 576 embedding: 113 MB in fp32) and in cache. One
 draw of CHUNK random values per parameter and step serves all its chunks and both moments: each
 value's rounding is still unbiased (its noise is uniform and independent of the value), and a
-draw per value was most of the cost. Measured on 19M parameters, one AVX2 thread: 0.10 s a step
-against torch's fused AdamW 0.02 s and foreach 0.12 s (0.29 s with 16 MB chunks and a draw per
-value). In the SmolLM2-135M sums runs (2 threads): 1.6-2.3 s a step against fused 0.2 s.
+draw per value was most of the cost (timings: docs/log/figures-from-code.md).
 """
 from __future__ import annotations
 
