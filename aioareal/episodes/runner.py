@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UserError, terminal_safe
 from ..group import MODEL, Group
 from ..usercode import resolve_spec
 from .handle import EpisodeContext, EpisodeGen
@@ -104,7 +104,7 @@ class EpisodeRunner:
         self.episode, self.ctx, self.timeout_s, self.name = episode, ctx, timeout_s, name
         self.max_step_s = max_step_s  # longest it may hold the event loop between two awaits (timed_steps above)
         self.stats = EpisodeStats()
-        self.log = log or (lambda line: print(line, file=sys.stderr))
+        self.log = log or (lambda line: print(terminal_safe(line), file=sys.stderr))  # a traceback: its lines kept
         self._reported = False  # the first failure's traceback is shown; later ones only counted
 
     async def run_group(self, group: Group) -> tuple[list[float], int]:
