@@ -7,10 +7,10 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
+from template_helpers import tokenizer_with
 from transformers.utils import chat_template_utils
 
 from aioareal.models.chat_template import apply_template
-from aioareal.models.shapes import build_char_tokenizer
 from aioareal.models.template_sandbox import MAX_VALUE_CHARS, MAX_WORK_CHARS
 
 # Each escaped the old bound (a count of template lines): one or a few lines, each making tens of
@@ -33,11 +33,6 @@ ESCAPES = {
     "a join of references": "{% set s = 'x' * 30000 %}{{ s.join(['a'] * 1000)|length }}",
 }
 
-
-def tokenizer_with(template: str):
-    tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = template
-    return tokenizer
 
 
 @pytest.mark.parametrize("case", sorted(ESCAPES))

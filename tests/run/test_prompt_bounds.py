@@ -9,6 +9,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from template_helpers import tokenizer_with
 
 from aioareal.episodes.codec import Codec
 from aioareal.errors import UserError
@@ -24,11 +25,6 @@ LOOPS = {  # each would run millions of steps (or forever) before the first prom
     "a recursive loop": "{% for m in [[1]] recursive %}{{ loop([[1]]) }}{% endfor %}",
 }
 
-
-def tokenizer_with(template: str):
-    tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = template
-    return tokenizer
 
 
 @pytest.mark.parametrize("case", sorted(LOOPS))
