@@ -16,6 +16,7 @@ from .atomic import (
                     checkpoint_dir,
                     clear_done,
                     commit,
+                    husks,
                     is_done,
                     latest_checkpoint,
                     latest_readable,
@@ -34,7 +35,7 @@ from .atomic import (
 )
 
 __all__ = ["ADAPTER_DIR", "DONE_FILE", "POLICY_DIR", "PREFIX", "SFT_MARKER", "SHARDS", "RunState", "begin",
-           "broken_checkpoints", "check_readable", "checkpoint_dir", "clear_done", "commit", "is_done",
+           "broken_checkpoints", "check_readable", "checkpoint_dir", "clear_done", "commit", "husks", "is_done",
            "latest_checkpoint", "latest_readable", "list_checkpoints", "load_rng", "load_state",
            "load_trainer_state", "mark_done", "restore", "restore_rng", "rng_state", "run_policy", "save",
            "temp_dir", "write_policy"]

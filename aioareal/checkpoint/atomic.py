@@ -79,6 +79,18 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(done, key=_step_of)
 
 
+def husks(run_dir: Path) -> list[Path]:
+    """Directories named like a checkpoint that are not one: no state.json (written last, so a kill
+    while an old checkpoint was removed, or a copy cut short). Real directories only: a link of that
+    name is not followed, and nothing that is not named `step-N` is ever one."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+             and not p.is_symlink() and p.is_dir() and not (p / "state.json").is_file()]
+    return sorted(found, key=_step_of)
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
@@ -90,6 +102,9 @@ def latest_readable(run_dir: Path, log: Callable[[str], None] = print, move_asid
     checkpoint: it must not count towards keep_checkpoints, or pruning would delete a good one.
     A reader of someone else's run (eval, chat, model.name=RUN) passes move_aside=False: it says
     which checkpoint it skipped and leaves the directory as it found it."""
+    for husk in husks(run_dir):
+        log(one_line(f"note: {husk} has no state.json (a checkpoint half written or half removed); ignored"
+                     + (", removed at the next checkpoint" if move_aside else "")))
     for path in reversed(list_checkpoints(run_dir)):
         try:
             check_readable(path)
@@ -235,7 +250,11 @@ def commit(run_dir: Path, tmp: Path, state: RunState, keep: int) -> Path:
     os.replace(tmp, final)
     _fsync_dir(root)
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not old.is_symlink():  # state.json first: a kill mid-removal leaves a husk, never a broken one
+            (old / "state.json").unlink(missing_ok=True)
+        shutil.rmtree(old, ignore_errors=True)  # a link is refused, not followed
+    for husk in husks(run_dir):
+        shutil.rmtree(husk, ignore_errors=True)
     return final
 
 

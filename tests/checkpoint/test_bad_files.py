@@ -94,3 +94,56 @@ def test_a_refused_chat_template_is_one_line() -> None:
     renderer = PromptRenderer(tokenizer, chat=True)
     with pytest.raises(UserError, match="chat template refused row file-train-0"):
         renderer.text(Example(uid="file-train-0", prompt="1+1=", answer="2"))
+
+
+def test_rotation_prunes_husks_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint directory without state.json (a kill while rotation removed it, a copy cut short)
+    is removed at the next checkpoint; a link of that name, a file of that name, other names and what
+    a link points to are left alone. A resume names each husk in one line and takes the newest whole one."""
+    from aioareal.checkpoint import atomic
+
+    _save(tmp_path, 1)
+    second = _save(tmp_path, 2)
+    root = checkpoint.checkpoint_dir(tmp_path)
+    husk = root / "step-000001"
+    (husk / "state.json").unlink()  # killed half-way through removing it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not the run's")
+    (root / "step-000007").symlink_to(elsewhere, target_is_directory=True)
+    (root / "step-000008").write_text("a file, not a checkpoint")
+    (root / "notes").mkdir()
+
+    monkeypatch.setattr(atomic, "check_readable", lambda path: None)
+    lines: list[str] = []
+    assert checkpoint.latest_readable(tmp_path, log=lines.append) == second
+    assert len(lines) == 1 and "\n" not in lines[0] and str(husk) in lines[0] and "no state.json" in lines[0]
+
+    third = _save(tmp_path, 3)
+    assert not husk.exists()
+    assert sorted(p.name for p in root.iterdir()) == ["notes", "step-000002", "step-000003", "step-000007",
+                                                       "step-000008"]
+    assert (elsewhere / "keep.txt").read_text() == "not the run's"
+    assert checkpoint.list_checkpoints(tmp_path) == [second, third] and not checkpoint.husks(tmp_path)
+
+
+def test_a_kill_during_rotation_leaves_a_husk_not_a_broken_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    from aioareal.checkpoint import atomic
+
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    real = shutil.rmtree
+
+    def killed(path, ignore_errors=False):
+        if Path(path).name == "step-000001":  # the kill comes while rotation removes the oldest
+            raise KeyboardInterrupt
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(atomic.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 3)
+    monkeypatch.undo()
+    assert [p.name for p in checkpoint.husks(tmp_path)] == ["step-000001"]
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-000002", "step-000003"]
