@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...errors import guarded
+from ...errors import guarded, one_line
 
 
 def parser(command: str, what: str) -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def cmd_sweep(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     def go() -> int:
-        from .sweep import parse_shard, plan, run_sweep, shard_of
+        from .sweep import SweepIncomplete, parse_shard, plan, run_sweep, shard_of
 
         shard = parse_shard(args.shard)
         if args.dry_run:
@@ -78,13 +78,21 @@ def cmd_sweep(argv: list[str]) -> int:
             runs = shard_of(runs, shard)
             print(f"sweep {name}: {len(runs)} runs under {Path(args.runs_root) / name}")
             for run in runs:
-                print(f"  {run.name:<40} {run.status}")
+                status, wrong = run.inspect()
+                print(one_line(f"  {run.name:<40} {status}" + (f" ({wrong})" if wrong else "")))
             return 0
-        sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None,
-                              shard=shard)
+        try:
+            sweep_dir = run_sweep(args.spec, args.runs_root, dashboard="off" if args.no_dashboard else None,
+                                  shard=shard)
+        except SweepIncomplete as e:  # the runs that could go on did: their report, then the error
+            report(e.sweep_dir)
+            raise
+        report(sweep_dir)
+        return 0
+
+    def report(sweep_dir: Path) -> None:
         if args.report:
             from .study_report import write_report
 
             print(write_report(sweep_dir, Path("plots") / sweep_dir.name))
-        return 0
     return guarded(args.debug, go)

@@ -28,12 +28,21 @@ from ... import checkpoint
 from ...checkpoint import is_done
 from ...config import Config, load_config
 from ...config.bounded_yaml import load_yaml
-from ...errors import UserError, one_line
+from ...errors import DataError, UserError, one_line
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
 ORDER = {key: i for i, key in enumerate(SHORT)}  # names read mode, K, objective, ..., seed
 SPEC_KEYS = {"name", "base", "set", "cases", "grid", "seeds"}
 MAX_RUNS = 10_000  # each run is a directory and at least minutes of compute: beyond this it is a mistake
+SKIP = "skipped: no readable checkpoint"
+
+
+class SweepIncomplete(UserError):
+    """Every run that could go on did; these could not (named in the message)."""
+
+    def __init__(self, message: str, sweep_dir: Path) -> None:
+        super().__init__(message)
+        self.sweep_dir = sweep_dir
 
 
 @dataclass
@@ -45,12 +54,23 @@ class PlannedRun:
 
     @property
     def status(self) -> str:
+        return self.inspect()[0]
+
+    def inspect(self) -> tuple[str, str]:
+        """(status, what was wrong): a checkpoint whose state.json does not read (cut, edited, not
+        ours to read) is named, never a traceback that stops the sweep; the resume skips it for the
+        one before, and a run with no readable checkpoint at all is skipped (SKIP), left as it is."""
         if is_done(self.run_dir):
-            return "done"
-        latest = checkpoint.latest_checkpoint(self.run_dir)
-        if latest is not None:
-            return f"resume from step {checkpoint.load_state(latest).step}"
-        return "restart" if (self.run_dir / "config.yaml").exists() else "new"
+            return "done", ""
+        wrong = ""
+        for path in reversed(checkpoint.list_checkpoints(self.run_dir)):
+            try:
+                return f"resume from step {checkpoint.load_state(path).step}", wrong
+            except DataError as e:
+                wrong = wrong or one_line(e)
+        if wrong:
+            return SKIP, wrong
+        return "restart" if (self.run_dir / "config.yaml").exists() else "new", ""
 
 
 def read_spec(path: Path) -> dict[str, Any]:
@@ -163,12 +183,17 @@ def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[s
 
     name, runs = plan(path, runs_root)
     runs = shard_of(runs, shard)
-    started = time.monotonic()
+    started, skipped = time.monotonic(), []
     for i, run in enumerate(runs, 1):
-        status = run.status
+        status, wrong = run.inspect()
         header = f"sweep {name}: run {i}/{len(runs)} {run.name} ({status}) · elapsed {_hms(time.monotonic() - started)}"
         log(header)
-        if status == "done":
+        if wrong:
+            log(one_line(f"warning: {wrong}" + ("; fix or remove it to continue the run, the sweep goes on"
+                                                if status == SKIP else "; resuming from the one before it")))
+        if status == SKIP:
+            skipped.append(run.name)
+        if status in ("done", SKIP):
             continue
         config = run.config
         if dashboard:
@@ -181,6 +206,9 @@ def run_sweep(path: str | Path, runs_root: str | Path = "runs", log: Callable[[s
             overrides = {"run.dashboard": config.run.dashboard} if dashboard else {}
             resume(run.run_dir, flags=overrides, log=log, header_fn=progress)
     log(f"sweep {name}: {len(runs)} runs in {Path(runs_root) / name}")
+    if skipped:
+        raise SweepIncomplete(f"sweep {name}: {len(skipped)} of {len(runs)} runs skipped, no checkpoint of theirs "
+                              f"reads back: {', '.join(skipped)}", Path(runs_root) / name)
     return Path(runs_root) / name
 
 

@@ -149,3 +149,44 @@ def test_a_run_name_too_long_for_the_file_system_fails_when_planned(tmp_path):
         plan(write_spec(tmp_path, spec), tmp_path / "runs")
     with pytest.raises(UserError, match="past the file system's 255"):  # the sweep's own name too
         plan(write_spec(tmp_path, SPEC.replace("name: mini", "name: " + "n" * 256)), tmp_path / "runs")
+
+
+def _checkpoint(run_dir: Path, step: int, state: str) -> Path:
+    path = run_dir / "checkpoints" / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    (path / "state.json").write_text(state)
+    return path / "state.json"
+
+
+def test_an_unreadable_state_json_is_one_line_and_the_other_runs_go_on(tmp_path, monkeypatch, capsys):
+    """A run whose only checkpoint's state.json is cut is skipped and named (file and what is wrong);
+    one whose newest is bad resumes from the one before; the others run; the sweep then ends in one
+    line, exit 2. The dry run lists them all the same way."""
+    from aioareal.cli import main
+    from aioareal.run import recipe
+
+    spec, root = write_spec(tmp_path), tmp_path / "runs"
+    runs = {r.name: r.run_dir for r in plan(spec, root)[1]}
+    cut = _checkpoint(runs["mode=sync_seed=0"], 3, '{"step": 3, "cur')
+    _checkpoint(runs["mode=sync_seed=1"], 1, json.dumps({"step": 1, "cursor": 0, "elapsed": 0.0}))
+    _checkpoint(runs["mode=sync_seed=1"], 2, '["not", "an object"]')
+
+    assert main(["sweep", str(spec), "--dry-run", "--runs-root", str(root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any("mode=sync_seed=0" in line and "skipped" in line and str(cut) in line for line in out), out
+    assert any("mode=sync_seed=1" in line and "resume from step 1" in line for line in out), out
+    assert sum(line.rstrip().endswith(" new") for line in out) == 2, out
+
+    from aioareal.lab.experiments.sweep import SweepIncomplete, run_sweep
+
+    calls = []
+    monkeypatch.setattr(recipe, "train", lambda config, **kw: calls.append(("train", config.run.run_dir)))
+    monkeypatch.setattr(recipe, "resume", lambda run_dir, **kw: calls.append(("resume", str(run_dir))))
+    lines: list[str] = []
+    with pytest.raises(SweepIncomplete, match=r"1 of 4 runs skipped.*mode=sync_seed=0") as info:
+        run_sweep(spec, root, log=lines.append)
+    assert "\n" not in str(info.value)
+    assert [kind for kind, _ in calls] == ["resume", "train", "train"]
+    assert calls[0][1] == str(runs["mode=sync_seed=1"])
+    assert any(line.startswith("warning: ") and str(cut) in line for line in lines), lines
+    assert cut.read_text() == '{"step": 3, "cur'  # left as it was
