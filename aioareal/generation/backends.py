@@ -1,11 +1,9 @@
 """Which backend generates (`generation.backend`), and the start-up check of its log-probs.
 
-`engine` is the fast decoder (engine.py), exact only for the families it implements (families.py);
-`hf` is the fallback over the model's own forward (hf_backend.py), any causal LM, slower; `auto`
-takes the engine where it is implemented. Before training the chosen backend samples a few tokens
-of a real prompt on the real weights, and their behaviour log-probs are compared with the model's
-own forward: past a dtype-aware bound no run trains on a silently different model (it is refused,
-or under `auto` moved to the fallback).
+`engine` (engine.py) is exact only for the families it implements (families.py); `hf` is the slower
+fallback over the model's own forward (hf_backend.py); `auto` takes the engine where it applies.
+Before training the backend's log-probs on a few sampled tokens are compared with the model's own
+forward, so no run trains on a silently different model (refused, or under `auto` the fallback).
 """
 from __future__ import annotations
 
@@ -46,17 +44,13 @@ def fallback_line(model: PreTrainedModel, reason: str) -> str:
 
 
 def make_engine(model: PreTrainedModel, eos_ids: list[int], options: EngineOptions, backend: str = "auto") -> Backend:
-    """The backend `backend` resolves to for `model`, built with `options` (the fallback reads the
-    ones it has, hf_backend.py)."""
+    """The backend `backend` resolves to for `model`, built with `options`."""
     kind, _ = choose(model, backend, options.max_len)
     return (HFEngine if kind == "hf" else Engine)(model, eos_ids, options)
 
 
 def gap_bound(dtype: torch.dtype) -> float:
-    """The start-up check's bound in nats: fp32 backends agree with the forward to ~1e-5
-    (tests/generation/test_engine.py), bf16 and fp16 ones differ by their rounding (max ~0.16 over
-    128 tokens in bf16 against fp32, tests/models/test_smollm2.py; here the forward runs in the same
-    dtype)."""
+    """The start-up check's bound in nats: fp32 agrees to ~1e-5, 16-bit differs by its rounding."""
     return 1e-3 if dtype == torch.float32 else 0.25
 
 

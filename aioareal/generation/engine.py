@@ -1,28 +1,18 @@
 """Continuous-batching generation engine over a fixed pool of KV-cache slots.
 
-Each `step()` admits waiting groups (and episodes' turns, turns.py) into free slots (one prefill per
+Each `step()` admits waiting groups and episodes' turns (turns.py) into free slots (one prefill per
 prompt, its K/V written into all G slots of the group), decodes one token in every live slot, and
-copies the tokens to the host, where bookkeeping records them and frees finished sequences' slots.
-Per-slot decode state (next token, position, liveness) stays on the device, which clears `live`
-itself at EOS or the length limit (transfers.py SlotLimits); the host clears it at a stop string.
+reads the tokens on the host, which records them and frees finished slots. Liveness stays on the
+device, which ends a slot at EOS or its length limit (transfers.py); the host ends it at a stop string.
+With `overlap` (on by default on CUDA) step t+1 is launched before the host reads step t's tokens.
 
-Overlap (`overlap`, on by default on CUDA): step t+1 is launched before the host reads step t's
-tokens (a non-blocking copy into pinned memory, transfers.py StepOutput), so bookkeeping overlaps the device's
-work; a freed slot is refilled a step later, results come back a `step()` later.
+A published version is `adopt`ed between steps: the stream waits on the copy's event, and by default
+running sequences' KV caches are recomputed under the new weights (docs/architecture.md rule 3).
+Each token carries the version of the weights that sampled it.
 
-Weights belong to the model the engine wraps. When the trainer publishes a new version the
-engine `adopt`s it between steps: its stream waits for the copy's event (no host sync), and by
-default every running sequence's KV cache is recomputed under the new weights (AReaL's
-interruptible generation; docs/architecture.md rule 3). Each step's output records the version it was
-launched under, so a token carries the version of the weights that produced it.
-
-Host syncs, all of them: per step, the wait for one step's sampled tokens (without overlap the
-`.cpu()` right after the step; with overlap the previous step's copy event, the current step
-already queued); with overlap, one extra wait when a version is adopted with `recompute_kv`
-(the recompute needs the in-flight step's tokens); capturing a new CUDA graph (`torch.cuda.graph`
-synchronizes on entry: once per batch bucket and span, graphs.py); `PhaseTimer.take()` reads only
-completed events. The rest (slots, lengths, limits, prompts) goes up by pinned non-blocking copies
-(transfers.py upload); every index write (`live[slots] = ...`, the KV cache's) is launched, not waited on.
+Host syncs, all of them: one per step for its tokens (with overlap, the previous step's copy event);
+with overlap, one more when a version is adopted with `recompute_kv`; one per new CUDA graph
+(graphs.py). Everything else goes up by pinned non-blocking copies (transfers.py upload).
 """
 from __future__ import annotations
 
@@ -57,14 +47,10 @@ from .turns import StopStrings, TurnRequest
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How an engine is sized and how it decodes, in one record (`Engine`, `HFEngine`, `make_engine`
-    take it whole; `engine_options` below is the one place that builds it from the config). `fuse`:
-    q/k/v and gate/up as one matmul each, over fused weights the model's parameters are re-pointed into
-    (fusion.py); False for a model that also trains. `overlap`: launch each step before reading the
-    previous one's tokens; True, False or "auto" (on for CUDA). `fused_sampler`: the compiled sampler
-    that reads the logits once (`fused_sample`, sampling.py). `shared_prefix`: decode with each group's
-    prompt keys read once (prefix.py); eager only. The HF fallback (hf_backend.py) reads the sizes,
-    `params`, `seed`, `recompute_kv`, `timed` and `stop`."""
+    """How an engine is sized and how it decodes (`engine_options` builds it from the config).
+    `fuse`: fusion.py; False for a model that also trains. `overlap`: True, False or "auto" (CUDA).
+    `fused_sampler`: sampling.py `fused_sample`. `shared_prefix`: prefix.py, eager only. The HF
+    fallback reads the sizes, `params`, `seed`, `recompute_kv`, `timed` and `stop`."""
 
     num_slots: int  # sequences decoded at once (KV-cache slots)
     max_len: int  # prompt + completion tokens a slot holds
@@ -79,16 +65,14 @@ class EngineOptions:
     fused_sampler: bool = False
     shared_prefix: bool = False
     stop: StopStrings | None = None  # strings that end a plain group's sequence (eval's lm-eval protocol)
-    # Token ids every prompt is expected to start with (eval's few-shot context, a long system prompt):
-    # their K/V is computed once and copied into each slot, and only the rest of a prompt is prefilled.
+    # Ids every prompt starts with (eval's few-shot context): K/V computed once, the rest prefilled.
     prompt_prefix: tuple[int, ...] = ()
 
 
 def engine_options(g: GenerationConfig, num_slots: int, max_len: int, seed: int, device: torch.device,
                    timed: bool = True) -> EngineOptions:
-    """A training engine's options from generation.*: `num_slots` when generation.num_slots is 0 (the
-    admission bound's), `seed` the sampling seed (each torchrun rank has its own), `device` the
-    generator's (generation.fused_sampler=auto depends on it)."""
+    """A training engine's options from generation.*: `num_slots` when generation.num_slots is 0,
+    `seed` the sampling seed (one per torchrun rank), `device` the generator's."""
     return EngineOptions(g.num_slots or num_slots, max_len, SamplingParams(g.temperature, g.top_p, g.max_new_tokens),
                          seed=seed, cuda_graphs=g.cuda_graphs, recompute_kv=g.recompute_kv, compile=g.compile,
                          timed=timed, overlap=g.overlap, fused_sampler=fused_sampler_enabled(g.fused_sampler, device),
@@ -97,7 +81,6 @@ def engine_options(g: GenerationConfig, num_slots: int, max_len: int, seed: int,
 
 class Engine(QueueFront):
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
-        """`options` (EngineOptions): the slots, context, sampling and decode paths, in one record."""
         o = options
         num_slots, max_len, params, seed = o.num_slots, o.max_len, o.params, o.seed
         self.model = model.eval()
@@ -128,8 +111,6 @@ class Engine(QueueFront):
         self.version = 0
         self.stale_cache = False
         self.timer = PhaseTimer(self.device, enabled=o.timed)  # seconds per phase of `step`, for metrics
-        # The decode, liveness update included, is what a graph captures; the tensors it mutates
-        # are restored after the capture's warm-up run.
         state = [self.next_token, self.position, self.live, self.limits.remaining]
         self.graphs = DecodeGraphs(self._decode_into, self.generator, num_slots, state) if graphs else None
         self.shared_prefix = o.shared_prefix and not graphs and not o.compile and self.fwd.shares_prefix
@@ -143,9 +124,8 @@ class Engine(QueueFront):
 
     # -- weights ---------------------------------------------------------------------------------
     def adopt(self, version: int, ready: torch.cuda.Event | None = None) -> None:
-        """Use weights of `version` from the next step on. `ready` is the copy's event: the engine's
-        stream waits on it, the host does not. A step already in flight keeps the old weights:
-        the copy is queued behind it on the same stream."""
+        """Use weights of `version` from the next step on; the stream waits on `ready` (the copy's
+        event), the host does not. A step already in flight keeps the old weights."""
         if ready is not None and self.stream is not None:
             self.stream.wait_event(ready)
         self.version = version
@@ -155,10 +135,9 @@ class Engine(QueueFront):
             self.stale_cache = self.recompute_kv
 
     def idle(self) -> None:
-        """Nothing left to decode: let go of what only decoding needs (the packed weights, forward.py;
-        made again at the next step, as after every new version), and without CUDA graphs (which
-        hold its addresses) the KV cache too: in sync mode the trainer's step runs between two
-        batches, and the cache's memory is then its to use (docs/log/2026-11-memory-4gib.md)."""
+        """Nothing left to decode: drop the packed weights (made again at the next step) and, without
+        CUDA graphs (which hold its addresses), the KV cache, whose memory the trainer's step then
+        uses in sync mode (docs/log/2026-11-memory-4gib.md)."""
         self.fwd.linear.drop()
         if self.graphs is None and not self.running:
             self.cache = None
@@ -166,9 +145,8 @@ class Engine(QueueFront):
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Group]:
-        """Admit, prefill, decode one token everywhere; read a step's tokens and return the groups
-        that finished (with overlap, the previous step's). Each phase lands in `self.timer` (when
-        the engine is `timed`)."""
+        """Admit, prefill, decode one token everywhere; read a step's tokens (with overlap, the
+        previous step's) and return the groups that finished. Phases land in `self.timer`."""
         if not self.busy:
             return []
         timer = self.timer
@@ -214,8 +192,7 @@ class Engine(QueueFront):
             host, event = to_host(out, self.stream)
         else:
             with self.timer("sync"):
-                # The plain engine's one device->host sync of the step: the host needs the tokens
-                # to see which sequences finished before it admits the next prompts.
+                # The step's one host sync: which sequences finished decides the next admission.
                 host, event = out.cpu(), None
         return StepOutput(host, event, admitted, running, self.version, decoded is not None)
 
@@ -249,15 +226,13 @@ class Engine(QueueFront):
         prompts = [g.prompt_ids for g in units]
         start = self._place_prefix(prompts, slots)
         prompts = [p[start:] for p in prompts]
-        # Metadata goes up by pinned, non-blocking copies (transfers.py upload): the host does not wait.
         lengths = upload([len(p) for p in prompts], self.device)
         tokens, copies = upload_padded(prompts, self.device), units[0].size
         return self.fwd.prefill(self.cache, tokens, lengths, slots, copies, start).repeat_interleave(copies, 0)
 
     def _place_prefix(self, prompts: list[list[int]], slots: torch.Tensor) -> int:
-        """Where every prompt starts with the engine's `prompt_prefix` (and goes past it), copy the
-        prefix's K/V into their slots, computed once per version, and return its length: the
-        prefill starts there. Otherwise 0: the whole prompts are prefilled."""
+        """Where every prompt starts with (and goes past) `prompt_prefix`, copy the prefix's K/V
+        (computed once per version) into their slots and return its length; otherwise 0."""
         p = len(self.prompt_prefix)
         if not p or any(len(ids) <= p or ids[:p] != self.prompt_prefix for ids in prompts):
             return 0
@@ -282,12 +257,10 @@ class Engine(QueueFront):
         return self._decode_into(n, span)
 
     def _decode_live(self, n: int, span: int) -> torch.Tensor:
-        """The CPU's decode when some of the first n slots have finished: only running slots go
-        through the model (on the CPU the matmuls cost in proportion to the rows; a GPU decodes all
-        n at about the cost of one, in a fixed-shape CUDA graph). Returns (2, n) like `_decode_into`,
-        zeros at the finished slots, which bookkeeping never reads. With overlap `running` may hold
-        slots that finished in the previous step: they decode once more, and stay not live. The
-        shared-prefix decode (any device) takes this path too."""
+        """Decode only the running slots of the first n (the CPU's path: its matmuls cost per row),
+        and the shared-prefix decode. Returns (2, n) like `_decode_into`, zeros at finished slots
+        (never read). With overlap a slot that finished in the step before decodes once more and
+        stays not live."""
         if self.shared_prefix:
             self.layout = layout_of(self.running, self.device, self.layout)
             slots = self.layout.rows

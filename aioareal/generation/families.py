@@ -1,16 +1,13 @@
 """Which Hugging Face model families the engine implements exactly, and why it refuses the rest.
 
-The engine's forward pass (forward.py for the plain Llama/Qwen decoder, family_forward.py for the
-others) reimplements each family's decoder over the model's own modules, so it is only right for
-families whose differences it knows: each claimed here is proven against the model's own forward
-in tests/generation/test_families.py. Anything else gets a one-line reason, and the caller either refuses
-(the engine used directly) or routes the model to a backend built on the model's own forward.
+The engine reimplements each family's decoder over the model's own modules, so it is right only for
+families whose differences it knows, each proven against the model's forward in
+tests/generation/test_families.py. Anything else gets a one-line reason (backends.py).
 """
 from __future__ import annotations
 
 from typing import Any
 
-# Decoder families the engine implements, each with a test in tests/generation/test_families.py.
 ENGINE_FAMILIES = frozenset({
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
     "granite", "smollm3",
@@ -20,8 +17,7 @@ LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})  # frequencies change
 
 
 def unsupported_reason(hf_config: Any, max_len: int | None = None) -> str | None:
-    """None where the engine implements this model exactly (for a context of `max_len` tokens,
-    when given); otherwise a short reason naming what it does not implement."""
+    """None where the engine implements this model exactly (for `max_len` tokens), else a short reason."""
     kind = getattr(hf_config, "model_type", None)
     if kind not in ENGINE_FAMILIES:
         return f"model_type '{kind}' is not implemented by the engine"
@@ -57,8 +53,7 @@ def _rope_reason(config: Any, params: dict, max_len: int | None) -> str | None:
 
 
 def _original_length(config: Any, params: dict, rope: str) -> int | None:
-    """The length up to which a length-dependent RoPE uses its short-sequence frequencies (as
-    transformers' dynamic_rope_update decides)."""
+    """Up to which length a length-dependent RoPE keeps its short-sequence frequencies (as transformers)."""
     if rope == "dynamic":
         return getattr(config, "max_position_embeddings", None)
     return params.get("original_max_position_embeddings") or getattr(
@@ -66,9 +61,8 @@ def _original_length(config: Any, params: dict, rope: str) -> int | None:
 
 
 def logit_transform(hf_config: Any) -> tuple[float | None, float | None]:
-    """What the family's ForCausalLM does to lm_head's output, which any code calling the head itself
-    (the engine, the trainer's log-probs) must do too: (divisor, soft cap). Granite divides by
-    logits_scaling; Gemma 2 and 3 soft-cap (cap * tanh(logits / cap))."""
+    """(divisor, soft cap): what the family's ForCausalLM does to lm_head's output, which any code
+    calling the head itself must do too (Granite's logits_scaling, Gemma 2 and 3's soft cap)."""
     kind = getattr(hf_config, "model_type", None)
     divisor = getattr(hf_config, "logits_scaling", None) if kind == "granite" else None
     cap = getattr(hf_config, "final_logit_softcapping", None) if kind in ("gemma2", "gemma3_text") else None

@@ -1,15 +1,11 @@
 """The engine's forward pass for the decoder families beyond the plain Llama/Qwen layer.
 
-`FamilyForward` runs the same static KV cache, prefill and decode as forward.py's `FastForward`,
-layer by layer as each layer's `LayerPlan` says (layer_plan.py: extra norms, fused checkpoint
-projections, q/k norms, NoPE layers, sliding windows, attention scale and soft cap, multipliers).
-`build_forward` picks the plain fast path wherever every layer is the plain one, so Llama and
-Qwen models decode exactly as before.
+`FamilyForward` runs forward.py's static cache, prefill and decode, each layer as its `LayerPlan`
+says (layer_plan.py); `build_forward` takes the plain fast path where every layer is plain.
 
-Sliding windows are masks over the full cache: a layer with window w attends to the keys at
-positions (p - w, p], as transformers' sliding_window_overlay. Each distinct window's mask is made
-once per pass. Every query also attends to itself, so a padded prompt position (whose window may
-hold no real key) never gets an empty softmax row and a NaN in the cache.
+Sliding windows are masks over the full cache (keys in (p - w, p], as transformers), one per
+distinct window per pass. Every query also attends to itself, so a padded prompt position whose
+window holds no real key never gets an empty softmax row (a NaN in the cache).
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """A static-KV-cache forward pass over a Hugging Face Qwen2/Llama-family model's own modules.
 
-The engine does not copy weights: it calls the HF model's Linear and norm modules, so a weight
-sync that copies into those parameters (`param.copy_`) is seen by the next step, CUDA graphs
-included. With `fuse` (the default) q/k/v and gate/up each run as one matmul over a fused weight
-that the HF parameters are re-pointed into (fusion.py), so that holds for them too. The cache is
-preallocated per layer as (slots, max_len, kv_heads, head_dim); prefill writes a whole prompt,
-decode writes one token per slot and attends over a length bucket.
+No weights are copied: the engine calls the model's Linear and norm modules (with `fuse`, a fused
+weight the HF parameters are re-pointed into, fusion.py), so a weight sync's in-place `param.copy_`
+is seen by the next step, CUDA graphs included. The cache is (slots, max_len, kv_heads, head_dim)
+per layer; prefill writes whole prompts, decode one token per slot over a length bucket.
 
-This is the plain Llama/Qwen layer: `self_attn.{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, SiLU,
-RMSNorm before attention and MLP, RoPE in every layer (any variant: `rotary_tables` below), no sliding window
-(Qwen2, Qwen2.5, Llama 2/3.x, Mistral without a window; Qwen3's q/k norms). Other families run in
-family_forward.py; families.py says which the engine implements.
+This is the plain Llama/Qwen layer (pre-norm RMSNorm, SiLU MLP, RoPE of any variant in every layer,
+no sliding window; Qwen3's q/k norms). Other families run in family_forward.py (families.py).
 """
 from __future__ import annotations
 
@@ -32,9 +28,8 @@ _HAS_RMS_NORM = hasattr(F, "rms_norm")
 
 
 def matmul_attention_pays(q: torch.Tensor) -> bool:
-    """Attention as two batched matmuls and a softmax (models/attention.py `short_attention`) rather
-    than SDPA: on the CPU in 16-bit, where torch's flash kernel is several times slower than the
-    matmuls at every length the engine decodes; in fp32 SDPA wins (docs/log/2026-11-avx512-cpu.md)."""
+    """Attention as `short_attention`'s matmuls rather than SDPA: on the CPU in 16-bit, where torch's
+    flash kernel is several times slower; in fp32 SDPA wins (docs/log/2026-11-avx512-cpu.md)."""
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
@@ -96,13 +91,10 @@ class FastForward:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.eps = getattr(config, "rms_norm_eps", 1e-6)
-        # The model's own rotary module makes the tables, so every RoPE variant it implements
-        # (llama3, yarn, linear, ...) is the engine's too (`rotary_tables`).
         self.tables = rotary_tables(model, max_len)
         self.cos, self.sin = next(iter(self.tables.values()))  # (max_len, head_dim) each
         self.max_len = max_len
         self._fuse_projections(fuse)
-        # Weights packed once per version for the CPU's matmul units (`PackedLinears`); F.linear elsewhere.
         self.linear = PackedLinears(packing_pays(model.get_input_embeddings().weight, compiled))
 
     def _fuse_projections(self, enabled: bool) -> None:
@@ -130,10 +122,8 @@ class FastForward:
     # -- building blocks -------------------------------------------------------------------------
     def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if _HAS_RMS_NORM:
-            # One fused kernel where HF's Qwen2RMSNorm launches six: launches weigh on a small
-            # model's decode step on a GPU. Both normalise in fp32; HF rounds once more before
-            # scaling, so in bf16 some outputs differ by an ulp and the engine-vs-HF logprob error
-            # grows a little: small beside the bf16 trainer's own rounding.
+            # One fused kernel where HF's launches six. HF rounds once more before scaling, so in
+            # bf16 some outputs differ by an ulp: small beside the bf16 trainer's own rounding.
             return F.rms_norm(x, (x.shape[-1],), module.weight, module.variance_epsilon)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
@@ -199,10 +189,9 @@ class FastForward:
     def prefill(self, cache: KVCache, tokens: torch.Tensor, lengths: torch.Tensor,
                 slots: torch.Tensor, copies: int = 1, start: int = 0) -> torch.Tensor:
         """Run right-padded prompts tokens (n, T) from position `start`; write their K/V into `copies`
-        consecutive rows of `slots` (n * copies,) each; return hidden states at each prompt's last
-        token (n, hidden). One forward serves a whole group (prefill once, share:
-        docs/architecture.md#performance-habits). With `start` > 0 the slots already hold a shared
-        prompt prefix's K/V at [0, start) (the engine's `prompt_prefix`) and the tokens continue it."""
+        consecutive rows of `slots` (n * copies,) each (one forward serves a whole group); return the
+        hidden states at each prompt's last token (n, hidden). With `start` > 0 the slots already hold
+        a shared prompt prefix's K/V at [0, start) and the tokens continue it."""
         n, t = tokens.shape
         pos, distance, key_valid = prefill_positions(t, start, lengths)
         mask = ((distance >= 0)[None] & key_valid[:, None, :])[:, None]  # (n, 1, T, start + T)
@@ -226,10 +215,9 @@ class FastForward:
     def decode(self, cache: KVCache, tokens: torch.Tensor, pos: torch.Tensor, span: int,
                slots: torch.Tensor | None = None, prefix: PrefixLayout | None = None) -> torch.Tensor:
         """One token for each of the first n slots, or for the n given `slots`: tokens (n,), pos (n,)
-        -> hidden (n, hidden). Keys are read from positions [0, span); span bounds the attention
-        work to the live context. With `slots` each layer gathers those rows of the cache, a copy
-        that is cheap next to the matmuls it saves only where contexts are short (the CPU path).
-        With `prefix` (its rows are the slots) each group's prompt keys are read once (prefix.py)."""
+        -> hidden (n, hidden), attending over keys [0, span). With `slots` each layer gathers those
+        cache rows (cheap only for short contexts: the CPU path); with `prefix` (its rows are the
+        slots) each group's prompt keys are read once (prefix.py)."""
         n = tokens.shape[0]
         if prefix is not None:
             slots = prefix.rows
@@ -254,22 +242,16 @@ class FastForward:
         return h[:, 0]
 
 
-# The engine's rotary tables, taken from the model's own rotary module.
-#
-# Every RoPE variant transformers implements (default, linear, dynamic, yarn, longrope, llama3)
-# lives in the model's `rotary_emb`, which maps positions to cos/sin with its attention scaling
-# already applied. The engine asks it once for positions [0, max_len) and gathers rows of the
-# tables per pass, so decode costs the same for every variant. The two variants whose frequencies
-# depend on the sequence's length (dynamic, longrope) give the same tables as a short sequence
-# only while max_len stays within their original length; families.py refuses longer contexts.
-# Gemma 3 keeps one table per layer type (local and global layers use different bases).
+# The rotary tables come from the model's own `rotary_emb`, so every RoPE variant transformers
+# implements is the engine's too: asked once for positions [0, max_len), gathered per pass. The
+# length-dependent variants (dynamic, longrope) match only while max_len stays within their original
+# length; families.py refuses longer contexts.
 Tables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (max_len, rotary_dim) each
 
 
 @torch.no_grad()
 def rotary_tables(model: PreTrainedModel, max_len: int) -> dict[str | None, Tables]:
-    """{layer type: (cos, sin)}: one entry keyed None, or one per layer type where the model's
-    rotary module keeps several (Gemma 3)."""
+    """{layer type: (cos, sin)}: keyed None, or per layer type where the rotary module has several."""
     rotary = model.model.rotary_emb
     weight = model.get_input_embeddings().weight
     probe = torch.zeros(1, dtype=weight.dtype, device=weight.device)  # only its dtype and device are read
@@ -285,20 +267,13 @@ def rotary_tables(model: PreTrainedModel, max_len: int) -> dict[str | None, Tabl
     return tables
 
 
-# The engine's linear layers with their weights packed once for the CPU's matmul units.
-#
-# torch's eager bf16 matmul on the CPU hands the weight to oneDNN in its plain layout, and oneDNN
-# reorders it into the blocked layout its AMX / AVX-512 kernels read on every call. At a decode
-# batch (tens of rows) that reorder costs about as much as the multiply itself, and the LM head's
-# (vocabulary x hidden) weight is the largest of all. `PackedLinears` keeps one packed copy of each
-# weight (`mkldnn._reorder_linear_weight`, the layout inductor's frozen graphs use) and multiplies
-# with `mkldnn._linear_pointwise`, which computes what `F.linear` does, to the bit (tests). The
-# weights change only when the engine adopts a new version: `drop()` then, and each weight is packed
-# again at its next use, once per version rather than once per decode step.
-#
-# On: the CPU, bf16 weights (fp32's kernels do not reorder as much), oneDNN present with a bf16
-# reorder for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only CPU has none and torch raises),
-# eager decoding (a compiled decode step traces F.linear). Elsewhere every call is plain `F.linear`.
+# Linear layers with their weights packed once per version for the CPU's matmul units. torch's eager
+# bf16 CPU matmul hands oneDNN the weight in its plain layout, which oneDNN reorders into its blocked
+# layout on every call: at a decode batch, about the cost of the multiply. `PackedLinears` keeps one
+# packed copy per weight (`mkldnn._reorder_linear_weight`) and multiplies with
+# `mkldnn._linear_pointwise`, bit-identical to `F.linear` (tests); `drop()` when a version is adopted.
+# On: the CPU, bf16 weights, a oneDNN bf16 reorder for this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT;
+# torch raises on AVX2-only), eager decoding (a compiled step traces F.linear). Elsewhere `F.linear`.
 def packing_pays(weight: torch.Tensor, compiled: bool) -> bool:
     """Whether packing is on for a model whose weights are like `weight` (the comment above)."""
     return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and not compiled

@@ -1,26 +1,15 @@
-"""Fused projections for the engine: q, k and v as one matmul per layer, gate and up as another.
+"""Fused projections for the engine: q|k|v as one matmul per layer and gate|up as another, the same
+bytes read in two launches instead of five.
 
-At decode batch sizes each projection is a thin matmul whose cost is mostly reading its weight and
-launching a kernel; one (q|k|v) matmul and one (gate|up) matmul read the same bytes in two launches
-instead of five, and give the GEMM one wide output instead of three narrow ones.
+The fused weight is the model's storage, not a copy: each HF Linear's parameter is re-pointed
+(`param.data = fused[rows]`) at its rows, so the weight sync's in-place `param.copy_` lands in it and
+every later pass (eager, compiled, or a CUDA graph holding its pointer) sees the new weights.
 
-The fused weight is not a copy beside the model. Its rows are the model's storage: each HF Linear's
-parameter is re-pointed (`param.data = fused[rows]`) at its slice of one fused tensor, the current
-values copied in first. So the weight sync's in-place `param.copy_` writes into the fused storage,
-and the next prefill or decode (eager, compiled or a CUDA-graph replay, which holds the fused
-tensor's pointer) computes with the new weights. Memory stays the same: the old per-matrix storage
-is freed. The HF modules keep working (their parameters are contiguous row slices).
-
-Fusion is skipped, and the engine calls the modules one by one, when it would not be safe:
-- a projection that is not exactly `nn.Linear` (peft's LoRA wrappers, quantised layers): their
-  forward is more than `x @ W.T + b`;
-- sharded parameters (DTensor): FSDP owns their storage and rebinds it;
-- projections that differ in dtype or device, or where only some have a bias.
-The caller must also not ask for it on a model that trains (evaluation.py runs the engine on the
-trainer's own model and passes `fuse=False`): parameters sharing one storage cannot be saved by
-`save_pretrained` (safetensors refuses shared tensors), and anything that later rebinds a
-parameter (FSDP2's `fully_shard`, `module.to(...)`, `load_state_dict(assign=True)`) would
-silently detach it from the fused tensor the engine reads.
+`fusable` refuses what is not exactly `nn.Linear` (LoRA wrappers, quantised layers), sharded
+parameters (FSDP owns their storage), and mixed dtypes, devices or biases. Never fuse a model that
+trains (evaluation passes `fuse=False`): `save_pretrained` refuses shared storage, and anything
+that later rebinds a parameter (`fully_shard`, `.to()`, `load_state_dict(assign=True)`) silently
+detaches it from the tensor the engine reads.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """CUDA graphs for decode steps, captured lazily per (batch bucket, attention span).
 
-A captured step replays the whole decode (all layers, sampling, state update) with one launch,
-which is what makes small-model decoding fast: without it, kernel-launch latency dominates.
-Graphs hold raw pointers, so everything they read lives in persistent buffers (the engine's
-next-token/position/liveness tensors, the KV cache, the model's parameters), and weight sync
-copies into parameters in place (docs/architecture.md rule 5).
+A replay runs the whole decode (layers, sampling, state update) in one launch; without it launch
+latency dominates small-model decoding. Graphs hold raw pointers, so everything they read lives in
+persistent buffers and weight sync copies in place (docs/architecture.md rule 5).
 """
 from __future__ import annotations
 
@@ -43,11 +41,9 @@ class DecodeGraphs:
         return out
 
     def _capture(self, batch: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        # One eager warm-up lets kernels pick their algorithms outside the capture. It writes the
-        # same K/V at the same positions that the replay writes again, so only the small decode
-        # state needs restoring.
-        # The sampler's random state is restored too, so capturing a graph does not shift the
-        # sampled tokens (a seeded run samples the same with graphs as without).
+        # An eager warm-up lets kernels pick their algorithms outside the capture. It writes the K/V
+        # the replay writes again; the decode state and the RNG are restored, so a seeded run samples
+        # the same tokens with graphs as without.
         saved = [t.clone() for t in self.state]
         rng = self.generator.get_state() if self.generator is not None else torch.cuda.get_rng_state()
         self.decode(batch, span)

@@ -1,20 +1,14 @@
 """The HF fallback backend: continuous batching over the model's own forward and its own cache.
 
-For an architecture the engine's decoder does not implement (families.py), `HFEngine` serves the
-orchestrator through the engine's public interface (`submit`, `submit_turn`, `take_turns`, `step`,
-`adopt`, `idle`, `free`, `waiting`, `running`, `busy`, `version`, `tokens_generated`, `timer`,
-`stream`, `generator`), so admission, per-token versions and behaviour log-probs, interruption by
-version (docs/architecture.md rule 3), weight sync and episodes' turns work as they do on
-the engine. The host side is the engine's own `Scheduler`; only the forward differs.
+For an architecture the engine does not implement (families.py), `HFEngine` offers the engine's
+interface over the engine's own `Scheduler`, so admission, per-token versions and behaviour
+log-probs, interruption (docs/architecture.md rule 3), weight sync and episodes' turns work alike.
+Every logit comes from the model's `forward`: slower, but the log-probs are the model's.
 
-Every logit comes from the model's `forward`, so whatever the model implements (its attention,
-norms, RoPE variant, sliding window, MoE routing) is what samples: slower than the engine, but the
-behaviour log-probs are the model's. The sequences admitted in one step with equally long prompts
-form a *cohort*: they share one prefill (each unit's prompt computed once) and hold equally long
-contexts forever after (one token each per step), so a cohort decodes as one batch over one
-transformers `DynamicCache`, with no padding and no attention mask; a finished sequence's row is
-dropped from it. Each step costs one forward per cohort. A new version mid-rollout re-prefills
-every cohort's rows under the new weights (`recompute_kv`, the default), as the engine does.
+Sequences admitted in one step with equally long prompts form a *cohort*: one prefill, then equally
+long contexts ever after (one token each per step), so a cohort decodes as one batch over one
+`DynamicCache` with no padding or mask; finished rows are dropped from it. A new version re-prefills
+every cohort (`recompute_kv`).
 """
 from __future__ import annotations
 
@@ -49,8 +43,6 @@ class HFEngine(QueueFront):
     """The engine's interface over the model's own forward (module docstring)."""
 
     def __init__(self, model: PreTrainedModel, eos_ids: list[int], options: EngineOptions) -> None:
-        """`options` (engine.py): of them the fallback reads the sizes, `params`, `seed`, `recompute_kv`
-        and `timed`."""
         o = options
         num_slots, max_len, params, seed, recompute_kv, timed = (o.num_slots, o.max_len, o.params, o.seed,
                                                                  o.recompute_kv, o.timed)
@@ -88,8 +80,7 @@ class HFEngine(QueueFront):
     # -- stepping --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[Group]:
-        """Admit, prefill each admitted unit, decode one token in every cohort, record the tokens
-        on the host; returns the groups that finished."""
+        """Admit, prefill, decode one token in every cohort, record; returns the groups that finished."""
         if not self.busy:
             return []
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
@@ -127,9 +118,8 @@ class HFEngine(QueueFront):
         return DynamicCache(config=self.model.config)
 
     def _prefill(self, units: list[Group | TurnRequest], admitted: list[Running]) -> torch.Tensor:
-        """One forward per context length over the admitted units of that length (their prompts,
-        or episodes' histories), each unit's rows sampling their first tokens from its logits; the
-        rows of one length form one cohort. Returns (2, len(admitted)) in `admitted`'s order."""
+        """One forward, and one cohort, per prompt length over the admitted units; each unit's rows
+        sample their first tokens from its logits. Returns (2, len(admitted)) in `admitted`'s order."""
         out = torch.zeros(2, len(admitted), device=self.device)
         by_length: dict[int, list[tuple[Group | TurnRequest, int]]] = {}
         row = 0

@@ -1,9 +1,6 @@
-"""What each decoder layer of a model computes, read once from its modules and config.
-
-The plain Llama/Qwen layer (pre-norms, q/k/v and gate/up projections, SiLU, default scaling, RoPE
-everywhere, no window) runs in forward.py's fast path. The other families the engine implements
-(families.py) differ layer by layer in a few places; a `LayerPlan` records them when the engine is
-built, so the decode loop makes no per-family decision per step (docs/architecture.md#rules):
+"""What each decoder layer of a model computes, read once from its modules and config, so the
+decode loop makes no per-family decision per step. Where the families differ from the plain
+Llama/Qwen layer (forward.py):
 - norms: before attention and MLP (Llama), also after each (Gemma 2/3), or only after (OLMo 2);
 - projections: separate or fused in the checkpoint (Phi-3's qkv_proj and gate_up_proj);
 - q/k norms: per head (Qwen3, Gemma 3) or over all heads (OLMo 2);

@@ -1,24 +1,16 @@
 """Shared-prefix decode attention: a group's prompt K/V read once per group, not once per sample.
 
-Prefill writes a group's prompt K/V into each of its G slots (forward.py `prefill`, `copies`), so
-a plain decode step reads the same prompt G times. Decode is bound by memory traffic, and at
-Qwen2.5-0.5B's shape (128-token prompts, completions of a few hundred tokens, G = 8) the prompt
-is a fifth to a half of the keys each step reads. Here each running slot's attention is split in
-two softmax parts merged by their log-sum-exp:
+Prefill copies a group's prompt K/V into each of its G slots, so a plain decode step, bound by
+memory traffic, reads the same prompt G times. Here attention is two softmax parts merged by their
+log-sum-exp:
+- prefix: the group's prompt keys, read from one slot of the group (its `leader`), the group's
+  queries batched against them (GQA: the query heads of one KV head side by side);
+- suffix: each slot's own keys from the shortest prompt on, masked to [its prompt length, its position].
+The leader is picked among the slots decoded in this very step, so it is never a freed and refilled
+slot. The cache layout, prefill and the recompute are unchanged.
 
-- prefix: the group's prompt keys, read from one slot of the group (its `leader`, any slot of
-  the group decoded this step: each holds the same prompt), with the group's queries batched
-  together against them (GQA: the query heads of one KV head side by side);
-- suffix: the slot's own keys from the shortest prompt length on, masked to positions at or past
-  its prompt and at or before its own position.
-
-The leader is picked among the slots decoded in this very step, so it cannot be a slot that has
-been freed and refilled: no re-pointing is needed when a group's first sample finishes. The KV
-layout, prefill, the recompute after a weight update and adoption are unchanged.
-
-Eager only: the layout (groups, largest group, longest prompt) changes with each admission and
-finish, which a fixed-shape CUDA graph cannot follow; the engine runs plain decode when graphs are
-on (engine.py). Not measured on a GPU yet (`bench gen --shared-prefix`); off by default.
+Eager only: the layout changes with each admission and finish, which a fixed-shape CUDA graph cannot
+follow. Off by default; not measured on a GPU yet (`bench gen --shared-prefix`).
 """
 from __future__ import annotations
 
@@ -49,13 +41,10 @@ class PrefixLayout:
 
 def layout_of(running: dict[int, Running], device: torch.device,
               previous: PrefixLayout | None = None) -> PrefixLayout:
-    """The layout of the running sequences (host work: one pass over them; the upload is skipped
-    when the running set is what `previous` was built from)."""
+    """The layout of the running sequences; `previous` itself while what it was built from holds."""
     slots = sorted(running)
-    # What the layout depends on: slots, grouping, prompt lengths (a recycled id() then still
-    # yields the same layout).
-    # Grouped by what prefilled the slot (a group, or an episode's turn: samples of one group that
-    # continue different histories, maybe prefilled under other weights, share nothing).
+    # Grouped by what prefilled the slot: turns of one group continuing different histories share
+    # nothing. A recycled id() still yields the same layout.
     key = tuple((s, id(running[s].unit), running[s].prompt_len) for s in slots)
     if previous is not None and previous.key == key:
         return previous
@@ -79,9 +68,8 @@ def layout_of(running: dict[int, Running], device: torch.device,
 
 
 def _softmax_parts(scores: torch.Tensor, valid: torch.Tensor, values: torch.Tensor):
-    """Masked scores (..., S) fp32 -> (max, sum of exponentials, normalised output (..., D)). A
-    fully masked row gets the dtype's minimum everywhere, not -inf, so nothing turns into NaN (its
-    output is then discarded by the merge: its max is far below the other part's)."""
+    """Masked scores (..., S) fp32 -> (max, sum of exponentials, normalised output (..., D)). A fully
+    masked row gets the dtype's minimum, not -inf: no NaN, and the merge discards it."""
     scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
     top = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - top)
@@ -92,9 +80,8 @@ def _softmax_parts(scores: torch.Tensor, valid: torch.Tensor, values: torch.Tens
 
 def shared_prefix_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
                             span: int, layout: PrefixLayout) -> torch.Tensor:
-    """q (n, H, D), one query per row at position pos (n,); k/v_cache (slots, max_len, Hkv, D)
-    with the row's own key already written at pos -> (n, H*D), equal to attending over the row's
-    keys [0, pos]."""
+    """q (n, H, D) at positions pos (n,); k/v_cache (slots, max_len, Hkv, D) with the rows' own keys
+    written -> (n, H*D), equal to attending over each row's keys [0, pos]."""
     n, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     rep = heads // kv_heads

@@ -1,15 +1,11 @@
-"""Token sampling on the device, with no host sync, and the rule that picks a sampler.
+"""Token sampling on the device, with no host sync, and the rules that pick a sampler and decode path.
 
-Three samplers draw the same distribution. The exponential race (`sample`): argmax(log p - log E),
-E ~ Exp(1), is distributed as p, with no cumulative sum and no host-side random number (gpt-fast
-does the same). The same race with its passes over the logits fused by torch.compile
-(`fused_sample`, generation.fused_sampler). And on the CPU, where the race's one draw per vocabulary
-entry costs more than the LM head, a draw by inverting the softmax's CDF, one uniform number a row
-(`inverse_cdf_sample`). The logprob returned for each sampled token is under the full
-temperature-scaled distribution, which is what the trainer recomputes (its logits are divided by the
-same temperature; in bf16 the two differ by rounding); with top_p < 1 the draw is from the truncated
-distribution, as in verl and AReaL. `sampler_for` and the decode rules below decide which the engine
-takes; the simulator (lab/simulate/costed_workers.py) follows the same rules.
+Three samplers draw the same distribution: the exponential race `sample` (argmax(log p - log E),
+E ~ Exp(1): no cumulative sum, no host-side random number), the race fused by torch.compile
+(`fused_sample`), and on the CPU the inverse-CDF draw (`inverse_cdf_sample`, one uniform number a row).
+Each returns the token's log-prob under the full temperature-scaled distribution, which is what the
+trainer recomputes; with top_p < 1 the draw is from the truncated distribution, as in verl and AReaL.
+The simulator (lab/simulate/costed_workers.py) follows the same rules.
 """
 from __future__ import annotations
 
@@ -30,12 +26,9 @@ class SamplingParams:
 
 def sample(logits: torch.Tensor, params: SamplingParams,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (n, V) -> (tokens (n,) int64, logprobs (n,) float32).
-
-    Written for few passes over the (n, V) fp32 tensor (for Qwen's 151,936 words at 256 rows each
-    pass moves 155 MB): the token is argmax(logits/T - log E), the same as over log-probabilities
-    because log-softmax only shifts a row by its log-sum-exp, and the log-prob of the chosen token
-    is one gather minus that log-sum-exp."""
+    """logits (n, V) -> (tokens (n,) int64, logprobs (n,) float32), in few passes over the logits:
+    argmax(logits/T - log E) picks as over log-probabilities (log-softmax only shifts a row), and the
+    token's log-prob is one gather minus the row's log-sum-exp."""
     scaled = logits.float()
     if params.temperature != 1.0 and not params.greedy:
         scaled = scaled / params.temperature
@@ -50,8 +43,7 @@ def sample(logits: torch.Tensor, params: SamplingParams,
 
 
 def _log_exponential(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """log E for E ~ Exp(1), shaped like `like`. On the CPU E is drawn as -log U, U ~ Uniform[0, 1):
-    the same distribution, and a uniform draw and a log cost less there than torch's CPU
+    """log E for E ~ Exp(1), shaped like `like`. On the CPU E = -log U (U uniform), cheaper there than
     `exponential_`; U = 0 gives E = inf, a token that cannot win."""
     if like.device.type == "cpu":
         return torch.rand(like.shape, generator=generator, dtype=like.dtype).log_().neg_().log_()
@@ -68,19 +60,11 @@ def _top_p_filter(logp: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 # -- inverse_cdf -------------------------------------------------------------------------------------
-# The CPU's sampler: a categorical draw by inverting the softmax's CDF, one uniform number per row.
-#
-# The exponential race (`sample` above) draws one random number per vocabulary entry: on a GPU that is
-# free, on the CPU it is the cost of a step's sampling (a 49,152-word vocabulary at 64 rows: three
-# million draws and two logarithms each, more than the LM head's own matmul in bf16). Here a row's
-# weights e = exp(logits / T - max) are summed per block of words; one uniform draw u in [0, total)
-# picks the block whose cumulative sum (fp64, across blocks) passes u, and then the word inside it by
-# the block's own cumulative sum (fp32). Two levels keep the rounding of the running sums to a
-# block's length rather than the vocabulary's: a word's chance is its weight over the total up to
-# that rounding, about 1e-7 of a block's mass. The log-prob returned is exact (the chosen word's
-# logit minus the row's log-sum-exp), as `sample`'s is: it is what the trainer recomputes.
-#
-# Greedy decoding and top_p < 1 go to `sample` (an argmax; a sort).
+# The CPU's sampler: the race draws one random number per vocabulary entry, which on the CPU costs more
+# than the LM head. Here a row's weights exp(logits / T - max) are summed per block of words; one
+# uniform draw picks the block by the fp64 cumulative sum across blocks, then the word by the block's
+# fp32 cumulative sum. Two levels bound the rounding to a block's length (about 1e-7 of its mass).
+# The log-prob is exact, as `sample`'s. Greedy and top_p < 1 go to `sample`.
 
 def block_size(vocab: int) -> int:
     """The smallest divisor of `vocab` at least its square root: blocks that tile the row with no
@@ -106,8 +90,7 @@ def inverse_cdf_sample(logits: torch.Tensor, params: SamplingParams,
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One word per row of non-negative `weights` (n, V), with probability weight / row total; and
-    the row totals (n,) fp32."""
+    """One word per row of `weights` (n, V) >= 0, with probability weight / total; and the totals (n,)."""
     n, vocab = weights.shape
     size = block_size(vocab)
     blocks = weights.view(n, vocab // size, size)
@@ -124,23 +107,12 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> tuple[tor
 
 
 # -- fused_sampling ----------------------------------------------------------------------------------
-# The sampler with its passes over the logits fused by `torch.compile` (generation.fused_sampler).
-#
-# `sample` (`sample` above) makes several passes over the (n, V) logits: the fp32 cast, the temperature
-# divide, the log-sum-exp, the noise, the subtraction, the argmax, the gather. Here the whole
-# exponential race after the noise draw is one function that inductor compiles into per-row
-# reductions that read the logits once (bf16 or fp32 in, fp32 arithmetic): the row max and
-# log-sum-exp, argmax(logits / T - log E), and the chosen token's logit.
-#
-# The noise is drawn eagerly, U ~ Uniform[0, 1) from the engine's `torch.Generator` (one pass that
-# writes (n, V) fp32), and turned into log E = log(-log U) inside the compiled function: inductor
-# graph-breaks on random ops given a generator, so drawing inside it would lose the per-seed
-# reproducibility. On the CPU this is the same draw and the same transform as `sample`'s, so the two
-# sample the same tokens for the same generator state; on CUDA `sample` draws with `exponential_`,
-# a different stream of the same distribution.
-#
-# Greedy decoding fuses too (no noise; the log-prob is at temperature 1, as in `sample`); top_p < 1
-# needs a sort and falls back to `sample`.
+# `sample` with its passes fused by torch.compile (generation.fused_sampler): the race after the noise
+# draw compiles into per-row reductions that read the logits once. U ~ Uniform[0, 1) is drawn eagerly
+# from the engine's generator and turned into log E = log(-log U) inside, since inductor graph-breaks
+# on random ops given a generator (per-seed reproducibility would be lost). On the CPU this is
+# `sample`'s own draw (the same tokens for the same generator state); on CUDA `sample` uses
+# `exponential_`, another stream of the same distribution. top_p < 1 needs a sort: `sample`.
 
 _compiled: dict[bool, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
 
@@ -200,17 +172,15 @@ SHORT_SPAN = 32
 
 
 def live_decode_pays(live: int, n: int, span: int) -> bool:
-    """Whether the CPU decodes only the `live` running slots of the first n (engine._decode_live)
-    rather than all n. Gathering the live slots' cache rows costs about what attention over them
-    does, so it pays when contexts are short (the gather is cheap) or at least half the slots are
-    done (the attention saved outweighs the gather); with most slots still live over a long context
-    the gather costs more than it saves."""
+    """Whether the CPU decodes only the `live` running slots of the first n (engine._decode_live).
+    Gathering their cache rows costs about what attention over them does, so it pays for short
+    contexts or when at least half the slots are done."""
     return live < n and (span <= SHORT_SPAN or 2 * live <= n)
 
 
 def resolve_overlap(overlap: bool | str, device: torch.device) -> bool:
-    """`overlap` as the config gives it (true, false or "auto") -> whether the engine overlaps.
-    Auto is on for CUDA only: on the CPU ops are synchronous, so there is no device to keep busy."""
+    """`overlap` (true, false or "auto") -> whether the engine overlaps; "auto": CUDA only (on the
+    CPU ops are synchronous)."""
     if overlap == "auto":
         return device.type == "cuda"
     if not isinstance(overlap, bool):
@@ -219,9 +189,8 @@ def resolve_overlap(overlap: bool | str, device: torch.device) -> bool:
 
 
 def sampler_for(device: torch.device, fused: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The compiled exponential race where asked (`fused_sample`); else on the CPU the inverse-CDF
-    draw, one random number per row (`inverse_cdf_sample`: the race's one draw per word costs more than
-    the LM head there), and on a GPU the race, whose per-word draws are parallel and cheap."""
+    """`fused_sample` where asked; else the inverse-CDF draw on the CPU, the race on a GPU (whose
+    per-word draws are parallel and cheap)."""
     if fused:
         return fused_sample
     return inverse_cdf_sample if device.type == "cpu" else sample

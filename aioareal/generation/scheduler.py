@@ -1,8 +1,6 @@
 """Host side of the engine: the queue, which slot holds which sequence, and the bookkeeping of
-sampled tokens (recording them, deciding when a sequence ends, freeing its slot).
-
-The device decides liveness by the same rule on its own (transfers.py SlotLimits); the host's decision is the
-one that counts for results (`finish_reason`, when a slot is free for the next prompt).
+sampled tokens. The device applies the same end rule on its own (transfers.py SlotLimits); the
+host's decision is the one that counts for results (`finish_reason`, when a slot is free).
 """
 from __future__ import annotations
 
@@ -80,10 +78,9 @@ class Scheduler:
         return admitted
 
     def bookkeep(self, output: StepOutput, in_flight: StepOutput | None) -> list[Group]:
-        """Record a step's tokens on the host; free finished slots. This loop runs once per live
-        sequence per step, so it is kept lean: without overlap it is time the device sits idle.
-        A sequence that already finished (at its first token, or with overlap in the step before)
-        is skipped: its token in this step is the extra one of a dead slot."""
+        """Record a step's tokens on the host; free finished slots. Kept lean: without overlap the
+        device idles through it. A sequence that already finished (at its first token, or in the
+        step before) is skipped: its token here is a dead slot's extra one."""
         host = output.host
         tokens, logprobs = host[0].long().tolist(), host[1].tolist()  # host memory already: no sync
         finished: list[Group] = []

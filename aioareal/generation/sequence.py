@@ -37,8 +37,7 @@ class Running:
 
 
 class GroupTally:
-    """Sequences still running per group: a group is handed back when its last sequence ends (the
-    engine's scheduler and the simulated generators keep one)."""
+    """Sequences still running per group: a group is handed back when its last sequence ends."""
 
     def __init__(self) -> None:
         self.left: dict[int, int] = {}  # group id -> sequences still running

@@ -1,19 +1,12 @@
-"""What crosses between host and device in an engine step, without a host sync: the step's metadata
-going up (`upload`), each slot's liveness kept on the device (`SlotLimits`), and the sampled tokens
-coming back (`StepOutput`).
+"""What crosses between host and device in an engine step without a host sync: metadata going up
+(`upload`), each slot's liveness kept on the device (`SlotLimits`), the sampled tokens coming back
+(`StepOutput`).
 
-`torch.tensor(list, device="cuda")` copies from pageable host memory, and such a copy returns only
-once the data has left the host buffer: the host waits behind whatever the stream has queued. A copy
-from page-locked (pinned) memory with `non_blocking=True` is a true asynchronous DMA: the host goes
-on launching the step's kernels while the copy is in flight, ordered on the current stream.
-
-Lifetime of the pinned buffer: each call builds a fresh pinned tensor with PyTorch's caching host
-allocator, and a non-blocking copy out of such a buffer records an event on the current stream.
-When the Python tensor dies (right after the call returns) the block goes back to the allocator's
-cache, and the allocator hands it out again only once that event has completed, so the copy can
-never read memory that a later call has overwritten. A buffer from anywhere else (a tensor pinned
-by `cudaHostRegister`, numpy) would not carry that guarantee; do not substitute one. On the CPU
-there is nothing to pin: the result is a plain tensor built in place.
+A copy from pageable memory (`torch.tensor(list, device="cuda")`) makes the host wait behind the
+stream's queue; from pinned memory with `non_blocking=True` it is a true asynchronous DMA. Pinned
+buffers come from PyTorch's caching host allocator, which records the copy's stream on the block and
+hands it out again only after that copy completes, so dropping the tensor right after the call is
+safe. A buffer from anywhere else (`cudaHostRegister`, numpy) lacks that guarantee: do not substitute one.
 """
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ from .sequence import Running
 
 
 def upload(values: list[int] | list[list[int]], device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """`values` (a list, or a list of equal-length lists) as a tensor on `device`, copied
-    asynchronously when `device` is a GPU."""
+    """`values` (a list, or equal-length lists) as a tensor on `device`, copied asynchronously to a GPU."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     host = torch.tensor(values, dtype=dtype, pin_memory=True)  # the caching host allocator's block
@@ -41,17 +33,10 @@ def upload_padded(rows: list[list[int]], device: torch.device, pad: int = 0) -> 
 
 
 # -- liveness ----------------------------------------------------------------------------------------
-# Which slots are still generating, decided on the device from the tokens it just sampled.
-#
-# The host's bookkeeping decides when a sequence ends (an EOS token where it stops on EOS, else its
-# length limit) and records why. The device applies the same rule to clear `live` itself, so the
-# next decode step can be launched before the host has read a single token (the engine's overlap,
-# engine.py): each slot's remaining length and whether it stops on EOS go up once, at admission,
-# with the prompt's other metadata; the EOS ids go up once, when the engine is built.
-#
-# The rule is kept in one place, `ended`, and it must agree with the host's `Engine._append`
-# (tests/generation/test_engine_overlap.py checks that the device's `live` equals the host's running set after
-# every step of a plain engine).
+# The device clears `live` by the host's own end rule (EOS where the slot stops on EOS, else its length
+# limit), so the next step can launch before the host reads a token (overlap). Limits and EOS flags go
+# up at admission, the EOS ids once. `ended` is the rule's one place; it must agree with the host's
+# `Scheduler._append` (tests/generation/test_engine_overlap.py).
 
 class SlotLimits:
     """Per-slot length budget and EOS flag on the device: remaining (slots,) int64, tokens a slot
@@ -64,8 +49,7 @@ class SlotLimits:
 
     def ended(self, tokens: torch.Tensor, remaining: torch.Tensor, stop_on_eos: torch.Tensor) -> torch.Tensor:
         """tokens (n,) just sampled, remaining (n,) after them -> (n,) bool: the sequence is over.
-        A comparison against every EOS id rather than `torch.isin`, whose sort-based path is not
-        something a CUDA graph should have to capture; E is a handful of ids."""
+        A comparison with each EOS id, not `torch.isin`, whose sort a CUDA graph should not capture."""
         is_eos = (tokens[:, None] == self.eos[None, :]).any(dim=-1)
         return (remaining <= 0) | (stop_on_eos & is_eos)
 
@@ -79,29 +63,18 @@ class SlotLimits:
         return ~self.ended(first, remaining, stop_on_eos)
 
     def advance(self, live: torch.Tensor, tokens: torch.Tensor, index: slice | torch.Tensor) -> None:
-        """A decode step sampled `tokens` for the slots `index` (a slice or an index tensor); clear
-        `live` (the engine's (slots,) tensor, updated in place) where they ended. Finished slots'
-        budgets keep counting down: nothing reads them until admission resets them."""
+        """A decode step sampled `tokens` for the slots `index`; clear `live` in place where they
+        ended. Finished slots' budgets count on: admission resets them."""
         remaining = self.remaining[index] - 1
         self.remaining[index] = remaining
         live[index] = live[index] & ~self.ended(tokens, remaining, self.stop_on_eos[index])
 
 
 # -- inflight ----------------------------------------------------------------------------------------
-# One engine step's sampled tokens on their way to the host, with what the host needs to read them.
-#
-# Without overlap the engine reads a step's tokens right after launching it (one blocking `.cpu()`).
-# With overlap (engine.py) it launches step t+1 first and reads step t's tokens while t+1 computes,
-# so a step's output must carry its own context: which sequences were running when it was launched
-# (a slot freed since may already belong to another sequence), which were admitted by it (their
-# first tokens lead the output), and the policy version that produced it.
-#
-# On CUDA the copy goes device -> pinned host memory, non-blocking, and an event recorded after it
-# on the engine's stream marks it done: `wait` blocks on that event alone, not on the work queued
-# behind it. The pinned buffer comes from PyTorch's caching host allocator, which records the copy's
-# stream on it, so a record dropped unread (its sequences all finished) cannot have its buffer
-# reused under a copy still in flight. On the CPU, where ops are synchronous, the output is already
-# host memory and nothing is copied.
+# One step's sampled tokens on their way to the host. With overlap the engine reads step t while t+1
+# computes, so the output carries its own context: the sequences running at launch (a slot freed since
+# may hold another), those it admitted (their first tokens lead), and the version. On CUDA an event
+# recorded after the copy to pinned memory marks it done, and `wait` blocks on that alone.
 
 @dataclass(slots=True)
 class StepOutput:

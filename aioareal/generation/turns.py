@@ -1,30 +1,18 @@
-"""Model turns: how the engine serves an episode (docs/architecture.md rule 9; episodes/ asks for them).
+"""Model turns: how the engine serves an episode (docs/architecture.md rule 9).
 
-A `TurnRequest` continues some samples of a group: the prompt and every token so far (the model's
-earlier turns and the world's observations, all in the sample's completion) are prefilled, once for
-all of `indices` (which hold the same tokens: the first turns of a group share one prefill, as a
-plain group does), then each sequence decodes until EOS, one of the `stop` strings, its turn's
-`max_tokens`, or the episode's budget (`max_new_tokens` tokens after the prompt, observations
-included). The engine appends the turn's tokens, log-probs and versions to the completion itself,
-and reports each sequence's end (`Engine.take_turns`); the episode reads `finish_reason`: "stop"
-(EOS), "stop_string" or "length".
+A `TurnRequest` continues samples of a group that hold the same tokens: the prompt and every token so
+far (model turns and observations) are prefilled once for all of `indices`, then each sequence decodes
+until EOS, a `stop` string, the turn's `max_tokens`, or the episode's budget (`max_new_tokens` after
+the prompt, observations included). The engine appends the turn's tokens, log-probs and versions to
+the completion and reports each end (`take_turns`); the episode reads `finish_reason`: "stop",
+"stop_string" or "length".
 
-Pausing frees the slot; the next turn is a new admission that prefills the history again. The
-alternative, keeping the slot and its KV cache until the observation arrives, saves that prefill but
-holds a slot idle for the whole tool call: at 50-200 ms per call and a few milliseconds per decode
-step, dozens of steps in which the slot could have decoded another sequence, and a tool that hangs
-would hold it until its timeout. A prefill of a short history costs about one decode step (all its
-tokens in one forward), so freeing wins unless histories are long and tools fast. It also keeps the
-version rule trivially right: the history is always prefilled by the weights that sample the next
-token, which is what the recompute rule (docs/architecture.md rule 3) asks of an interrupted sequence, and a
-weight update between two turns needs nothing else. Each model token records the version that
-sampled it; observation tokens record none (samples.OBS_VERSION).
+Pausing frees the slot, and the next turn prefills the history again under the weights that sample
+next, which keeps rule 3 trivially right (why not keep the slot: docs/episodes.md#the-engine-serves-turns).
+Observation tokens record no version (group.OBS_VERSION).
 
-Stop strings are found on the host, in bookkeeping: the device cannot see text. Each new token's
-check decodes only the turn's last `window` tokens (a stop string of n characters ends within the
-last n tokens when every token decodes to at least one character), so it costs the same at any
-length. A sequence ended by a stop string is cleared on the device too (`Engine`), whose own
-liveness rule knows only EOS and lengths.
+Stop strings are found on the host (the device cannot see text), decoding only the turn's last
+`window` tokens so the check costs the same at any length; the engine then clears the slot's `live`.
 """
 from __future__ import annotations
 
