@@ -37,8 +37,7 @@ class MicroBatch:
     share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
     varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (varlen.py)
     tree: PrefixTree | None = None  # the same rows with each distinct prefix computed once (prefix_tree.py)
-    # Samples of the mini-batch left out (zero advantage: trainer/batching.py), counted in its
-    # loss's normalisers only; carried by one micro-batch of the mini-batch.
+    # The mini-batch's samples set aside (`set_aside`), carried by one of its micro-batches.
     aside_rows: int = 0
     aside_tokens: int = 0
 
@@ -62,8 +61,8 @@ class MicroBatch:
 
     @classmethod
     def empty(cls, pad_id: int, device: torch.device) -> MicroBatch:
-        """A filler: one two-token row of padding with no loss token, so its loss and gradient are
-        exactly zero, but its forward and backward take part in the sharded model's collectives."""
+        """A filler: a row of padding with no loss token (zero loss and gradient) whose forward and
+        backward take part in the sharded model's collectives."""
         zeros = torch.zeros(1, 1, device=device)
         return cls(torch.full((1, 2), pad_id, dtype=torch.long, device=device),
                    torch.ones(1, 2, dtype=torch.long, device=device),
@@ -82,8 +81,7 @@ class MicroBatch:
 
     def _rows(self, rows: slice) -> MicroBatch:
         mask = self.loss_mask[rows]
-        # Host syncs (two small sums), acceptable here: this runs only after an out-of-memory error.
-        # The halves take the padded path (no `share`): smaller, and always valid.
+        # Two small host syncs, only after an out-of-memory error; the halves take the padded path.
         pick = lambda t: None if t is None else t[rows]  # noqa: E731
         return MicroBatch(self.input_ids[rows], self.attention_mask[rows], mask, self.behav_logp[rows],
                           self.versions[rows], self.advantages[rows],
@@ -93,21 +91,17 @@ class MicroBatch:
 
 def computed_positions(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False,
                        varlen: bool = False) -> int:
-    """Token positions the trainer's forward computes for these samples, padding included: per
-    micro-batch of `plan_for`, rows x the longest row; with shared prompts, the distinct prompts x the
-    longest of them plus rows x the longest completion; with varlen, the real tokens; with the
-    prefix tree, its rows x their longest, where `collate` would take it. A step's cost follows
-    this, not the real tokens: with long-tailed lengths the longest row of a micro-batch sets its width."""
+    """Token positions the forward computes for these samples, padding included, in the layouts
+    `collate` takes: a step's cost follows this, not the real tokens."""
     return sum(taken_layout([samples[i] for i in idx], share, varlen, tree)[1]
                for idx in plan_for(samples, budget, share, tree))
 
 
 def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
             varlen: bool = False, tree: TreeSetting = False) -> MicroBatch:
-    """One micro-batch of these samples. Besides the padded tensors (which the loss reads), at most
-    one layout the trainer computes the log-probs from: the prefix tree (`tree`: always, or "auto"
-    where it computes at most WORTH_IT of the other layout's positions), else with `share` the
-    shared-prompt layout, else with `varlen` the one-row layout."""
+    """One micro-batch of these samples: the padded tensors (which the loss reads) and at most one
+    layout the log-probs are computed from: the prefix tree (`tree`: always, or "auto" where it pays),
+    else with `share` shared prompts, else with `varlen` one row."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
     # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
@@ -152,18 +146,11 @@ def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
 
 
 # -- zero_advantage ----------------------------------------------------------------------------------
-# Samples that cannot move the weights, left out of the trainer's forward and backward.
-#
-# A sample whose advantage is exactly zero adds exactly zero to the gradient of every objective
-# (ppo, decoupled and dg each scale a token's term by its advantage) unless a KL penalty pulls it
-# toward the reference. GRPO gives many: every sample of a group whose rewards are all equal, most
-# groups early in a run (nothing solved yet) and again late (a prompt always solved). Their forward
-# and backward only cost time, so they are set aside here and only their counts reach the loss's
-# normalisers (token-mean's tokens, seq-mean's sequences): the update is the whole mini-batch's.
-#
-# One sample of each mini-batch is always computed, even with a zero advantage, so that every
-# parameter gets a (zero) gradient and the optimizer steps as it would on the whole batch: AdamW
-# moves on its moments even at a zero gradient, and skips a parameter that has none.
+# A sample of advantage exactly zero adds exactly zero to every objective's gradient (unless a KL
+# penalty pulls it), and GRPO gives many (every group whose rewards are all equal). They are set aside
+# and only counted in the loss's normalisers, so the update is the whole mini-batch's. One sample of
+# each mini-batch is always computed, so every parameter gets a (zero) gradient: AdamW moves on its
+# moments even at a zero gradient, and skips a parameter that has none.
 
 @dataclass
 class SetAside:
@@ -174,8 +161,7 @@ class SetAside:
 
 
 def set_aside(samples: list[Sample], enabled: bool) -> tuple[list[Sample], SetAside]:
-    """The samples to compute, and the counts of those left out (zero advantage). Keeps the shortest
-    zero-advantage sample where nothing else would be computed."""
+    """The samples to compute, and the counts of those left out; keeps one (the shortest) at least."""
     if not enabled:
         return samples, SetAside()
     keep = [s for s in samples if s.advantage != 0.0]

@@ -1,20 +1,15 @@
 """AdamW with its two moments stored in bf16 (train.optimizer_moments=bfloat16): half of AdamW's
-state, 0.54 GB of a 135M-parameter model's 1.08 GB (docs/log/2026-11-memory.md).
+state (docs/log/2026-11-memory.md).
 
-Each step reads a moment into fp32, updates it there exactly as torch's AdamW does, and writes it
-back rounded stochastically: rounded up with probability equal to the fraction of a bf16 step
-that was cut off. Round-to-nearest would not do. bf16 keeps 8 bits of mantissa (a step of 1/128
-to 1/256 of the value), and the second moment's update `v <- v + (1 - beta2) * (g^2 - v)` moves v
-by 1% of its distance to g^2 at beta2 = 0.99: any g^2 within about 40% of v moves it by less than
-half a step, so rounded to nearest v would stop following the gradients' scale
-(tests/trainer/test_bf16_moments.py shows it). Stochastic rounding is unbiased, so the moments
-move in expectation as the fp32 ones do. Weights and gradients keep their own dtype (fp32 masters).
+Each step updates a moment in fp32 exactly as torch's AdamW does and writes it back rounded
+stochastically (up with probability equal to the fraction of a bf16 step cut off), which is
+unbiased. Round-to-nearest would not do: with 8 bits of mantissa, the second moment's update at
+beta2 = 0.99 moves v by less than half a step for any g^2 within about 40% of v, so v would stop
+following the gradients' scale (tests/trainer/test_bf16_moments.py).
 
-The update runs over chunks of each parameter (CHUNK elements), so its fp32 temporaries stay
-small beside the largest parameter (the 49k x 576 embedding: 113 MB in fp32) and in cache. One
+The update runs over chunks of CHUNK elements, so its fp32 temporaries stay small and in cache. One
 draw of CHUNK random values per parameter and step serves all its chunks and both moments: each
-value's rounding is still unbiased (its noise is uniform and independent of the value), and a
-draw per value was most of the cost (timings: docs/log/figures-from-code.md).
+rounding is still unbiased, and a draw per value was most of the cost (docs/log/figures-from-code.md).
 """
 from __future__ import annotations
 
@@ -34,20 +29,16 @@ def random_low_bits(like: torch.Tensor, generator: torch.Generator | None = None
 
 
 def round_stochastically(x: torch.Tensor, out: torch.Tensor, noise: torch.Tensor) -> None:
-    """Write fp32 `x` into bf16 `out` (overwriting `x`), each value rounded up in magnitude with
-    probability equal to the fraction of a bf16 step it lies above the value below it. Adding
-    `noise` (random_low_bits) to the bit pattern and cutting the low 16 bits off does that for
-    either sign (the pattern is sign and magnitude); a carry into the exponent is the correct
-    rounding up. The result's low bits are zero, so the final cast to bf16 is exact."""
+    """Write fp32 `x` into bf16 `out` (overwriting `x`), rounded stochastically: adding `noise` to the
+    bit pattern and cutting the low 16 bits does that for either sign (sign and magnitude), a carry
+    into the exponent included, and leaves a value the cast to bf16 keeps exactly."""
     out.copy_(x.view(torch.int32).add_(noise).bitwise_and_(HIGH_MASK).view(torch.float32))
 
 
 class AdamWBf16Moments(torch.optim.Optimizer):
-    """torch.optim.AdamW's update (decoupled weight decay, bias correction, eps outside the root),
-    with exp_avg and exp_avg_sq kept in bf16. Its state_dict has AdamW's keys, so checkpoints
-    save and restore it as they do AdamW's. The rounding noise of parameter i at step t comes from
-    a generator seeded with (seed, t, i), not from the process's RNG: a resumed run rounds exactly
-    as the uninterrupted one, and sampling draws the same numbers with or without this optimizer."""
+    """torch.optim.AdamW's update with exp_avg and exp_avg_sq kept in bf16, and AdamW's state_dict keys.
+    The rounding noise of parameter i at step t comes from a generator seeded with (seed, t, i), not
+    the process's RNG: a resumed run rounds as the uninterrupted one, and sampling is unaffected."""
 
     def __init__(self, params: Iterable[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, seed: int = 0) -> None:
@@ -56,8 +47,7 @@ class AdamWBf16Moments(torch.optim.Optimizer):
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's loader casts floating state to each parameter's dtype (fp32): back to bf16, exactly
-        (the values came from bf16)."""
+        """torch's loader casts the moments to the parameters' fp32: back to bf16, exactly."""
         super().load_state_dict(state_dict)
         for state in self.state.values():
             for key in ("exp_avg", "exp_avg_sq"):

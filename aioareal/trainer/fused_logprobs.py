@@ -8,18 +8,13 @@ only the log-sum-exp; the backward recomputes each chunk's logits and forms the 
     grad_h = dL/dlogits @ W,   grad_W += dL/dlogits^T @ h,   grad_b += sum_tokens dL/dlogits
 
 so full-vocabulary logits never exist for more than one chunk, and nothing is saved but h, W, b,
-the targets and the (n,) log-sum-exp. Against `torch.utils.checkpoint` around the head (the path
-it replaces, trainer/logprobs.py) it saves the checkpoint's second forward (the log-sum-exp is
-kept), the autograd graph of each recomputed chunk, and its (c, V) temporaries beyond the logits
-and their softmax. grad_W and grad_b are summed over chunks in fp32 whatever the compute dtype.
+the targets and the (n,) log-sum-exp. Against checkpointing the head it saves the second forward,
+each chunk's autograd graph and its (c, V) temporaries. grad_W and grad_b sum in fp32.
 
-Autocast (the trainer's bf16 on CUDA) is applied by hand, the same in both passes: h and W are
-cast to the autocast dtype for the matmuls, as `nn.Linear` under autocast would, and everything
-after the matmul is fp32, as `head(h).float()` is. The entropy is returned detached.
-
-It calls the head's weight directly, never the module, so it applies only to a plain `nn.Linear`
-with plain tensors and no hooks (`fused_head_applies`); a peft-wrapped head, a head FSDP2 shards
-as its own unit, or a DTensor weight take the checkpoint path.
+Autocast is applied by hand, the same in both passes: the matmuls in the autocast dtype, as
+`nn.Linear` would, everything after them in fp32, as `head(h).float()`. It reads the head's weight
+directly, so it applies only to a plain `nn.Linear` with plain tensors and no hooks
+(`fused_head_applies`); any other head takes the checkpoint path.
 """
 from __future__ import annotations
 
@@ -32,10 +27,9 @@ from torch.distributed.tensor import DTensor
 
 
 def fused_head_applies(head: nn.Module) -> bool:
-    """Whether `head` is what the fused path computes: exactly `nn.Linear` (not peft's LoRA or
-    modules-to-save wrappers, not FSDP2's dynamic `FSDPLinear` subclass), with no hooks the module
-    call would run, and plain-tensor parameters. Under FSDP2 the head sits in the root unit, whose
-    forward has swapped in the unsharded (plain) weight by the time this is asked."""
+    """Whether `head` is what the fused path computes: exactly `nn.Linear` (not a peft wrapper, not
+    FSDP2's `FSDPLinear`), no hooks, plain-tensor parameters. Under FSDP2 the root unit's forward has
+    swapped in the unsharded weight by the time this is asked."""
     if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks:
         return False
     return not any(isinstance(p, DTensor) for p in (head.weight, head.bias) if p is not None)
@@ -48,8 +42,7 @@ def fused_selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: n
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
-    """The matmul dtype `nn.Linear` would use here: the autocast dtype inside an autocast region
-    (which leaves float64 alone), the inputs' common dtype outside one."""
+    """The matmul dtype `nn.Linear` would use: the autocast dtype (float64 aside), else the inputs'."""
     device = hidden.device.type
     if torch.is_autocast_enabled(device) and torch.float64 not in (hidden.dtype, weight.dtype):
         return torch.get_autocast_dtype(device)
@@ -123,9 +116,8 @@ class FusedHeadLogprobs(torch.autograd.Function):
 
 
 def _lse_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c, V) -> log-sum-exp and entropy per row, from one exp pass over the chunk: with
-    e = exp(logits - max) and s = sum(e), lse = max + log s and H = lse - sum(e * logits) / s
-    (a softmax and a product on top of `logsumexp` would pass over the (c, V) chunk twice more)."""
+    """(c, V) -> log-sum-exp and entropy per row from one exp pass: with e = exp(logits - max) and
+    s = sum(e), lse = max + log s and H = lse - sum(e * logits) / s."""
     top = logits.amax(dim=-1, keepdim=True)
     e = (logits - top).exp_()
     total = e.sum(dim=-1)
@@ -151,13 +143,9 @@ def _no_autocast(t: torch.Tensor):
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext()
 
 
-# The two halves of a causal LM the trainer calls directly: the decoder stack (hidden states) and
-# the LM head (trainer/logprobs.py runs the head in chunks, never the causal LM's own forward).
-#
-# Llama-shaped models (and models/lora.py's `AdaptersOff`) name them `model` and `lm_head`; other
-# families their own way (GPT-NeoX: `gpt_neox` and `embed_out`), which transformers exposes as
-# `base_model` and `get_output_embeddings()`, so a model on the HF fallback backend
-# (generation/hf_backend.py) trains through the same code.
+# The two halves of a causal LM the trainer calls directly: `model` and `lm_head` on Llama-shaped
+# models (and lora.py's `AdaptersOff`), else transformers' `base_model` and `get_output_embeddings()`
+# (GPT-NeoX's `gpt_neox` and `embed_out`), so a model on the HF fallback trains through the same code.
 def decoder(model: Any) -> Any:
     """What maps input ids to the last hidden states (a module, or AdaptersOff's `model` method)."""
     return model.model if hasattr(model, "model") else model.base_model

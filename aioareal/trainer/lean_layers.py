@@ -1,21 +1,11 @@
 """Leaner activations for the trained model's RMSNorms and SwiGLU MLPs (train.lean_activations).
 
-What autograd keeps for the backward is most of a training step's memory beyond the weights and
-AdamW (docs/log/2026-11-memory.md). transformers writes both blocks as chains of small ops, and
-each op keeps its own inputs:
-
-- RMSNorm, `weight * (x * rsqrt(mean(x^2) + eps))`: the fp32 input *and* the fp32 normalised
-  input, one (positions, hidden) fp32 tensor more than the backward needs. `_RMSNorm` keeps the
-  input and the per-row rsqrt only, and normalises again in the backward (one multiply).
-- SwiGLU, `down(silu(gate(x)) * up(x))`: gate, silu(gate) and up. `_SwiGLU` keeps gate and up and
-  recomputes silu(gate) in the backward (an element-wise op on a tensor it already holds).
-
-Per position and layer of SmolLM2-135M under bf16 autocast that is 2 x 2.25 KiB + 3 KiB off
-about 28 KiB. Both compute what the modules compute, op for op in the forward (the same kernels in
-the same order and dtypes, so autocast and bf16 working copies see the same values), and the
-gradients to rounding. A module's forward is swapped only after a probe on random inputs shows its
-own forward and the lean one agree (`make_lean`): a family that writes its norm otherwise (Gemma's
-`1 + weight`, an fp32 cast at the end) or its MLP with another activation keeps its own code.
+What autograd keeps is most of a step's memory beyond weights and AdamW (docs/log/2026-11-memory.md),
+and transformers' chains of small ops each keep their inputs. `_RMSNorm` keeps the input and the
+per-row rsqrt, not also the fp32 normalised input, and normalises again in the backward; `_SwiGLU`
+keeps gate and up and recomputes silu(gate). Both compute the forward op for op as the modules do,
+and the gradients to rounding. A forward is swapped only after a probe on random inputs shows the
+two agree (`make_lean`): a family that writes its norm otherwise (Gemma's `1 + weight`) keeps its own.
 """
 from __future__ import annotations
 
@@ -90,8 +80,7 @@ def _kind(module: nn.Module) -> Any:
 
 
 def _agrees(module: nn.Module, lean: Any, width: int) -> bool:
-    """Whether `lean` computes what the module's own forward does, values and gradients (of the
-    input and of each trained parameter), on random inputs in the module's dtype."""
+    """Whether `lean` computes the module's own forward's values and gradients on random inputs."""
     weight = next(module.parameters())
     draws = torch.Generator().manual_seed(0)  # the probe leaves the run's random state alone
     x = torch.randn(2, 5, width, generator=draws).to(weight.device, weight.dtype)
@@ -109,8 +98,8 @@ def _agrees(module: nn.Module, lean: Any, width: int) -> bool:
 
 
 def make_lean(model: nn.Module) -> int:
-    """Give each RMSNorm and SwiGLU MLP of `model` whose class passes the probe its lean forward (in
-    place, on the instance); returns how many modules took it. One probe per class and width."""
+    """Give each RMSNorm and SwiGLU MLP whose class passes the probe (one per class and width) its
+    lean forward, on the instance; returns how many took it."""
     verdicts: dict[tuple[type, int], bool] = {}
     swapped = 0
     for module in model.modules():

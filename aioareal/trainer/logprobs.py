@@ -1,11 +1,9 @@
 """Token log-probabilities of a causal LM, computed over the vocabulary in chunks.
 
-Only completion positions go through the LM head, and they go in chunks of `chunk` tokens, each
-recomputed in the backward pass, so fp32 logits for a 151,936-entry vocabulary exist for one chunk
-at a time instead of for the whole micro-batch. A plain `nn.Linear` head takes the fused head +
-log-softmax (trainer/fused_logprobs.py: one autograd node, backward by hand); any other head
-(peft-wrapped, sharded as its own unit, DTensor weights) takes activation checkpointing per chunk.
-A micro-batch whose logits are small in all (`KEEP_LOGITS`) keeps them instead.
+Only completion positions go through the LM head, in chunks recomputed in the backward pass, so
+fp32 logits over a large vocabulary exist for one chunk at a time. A plain `nn.Linear` head takes
+the fused head + log-softmax (trainer/fused_logprobs.py); any other head takes activation
+checkpointing per chunk. A micro-batch whose logits are small in all (`KEEP_LOGITS`) keeps them.
 """
 from __future__ import annotations
 
@@ -19,9 +17,8 @@ from .prefix_tree import PrefixTree, tree_hidden
 from .shared_prompts import PromptShare, shared_hidden
 from .varlen import VarlenRows
 
-# A micro-batch's fp32 logits up to this many elements in all (32 MB) are kept for the backward pass instead
-# of recomputed: for a small vocabulary (the offline tiny model's 128 words) the recompute and the
-# checkpoint's bookkeeping cost more time in the default run's step than the memory is worth.
+# Logits up to this many elements (32 MB in fp32) are kept for the backward rather than recomputed:
+# for a small vocabulary the recompute costs more time than the memory is worth.
 KEEP_LOGITS = 8 << 20
 
 
@@ -56,9 +53,8 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 
 
 class TransformedHead(torch.nn.Module):
-    """The LM head followed by the model's own logit transform (families.logit_transform: Granite's
-    divisor, Gemma's soft cap), which transformers' ForCausalLM applies after lm_head and the
-    trainer, calling the head itself, must apply too. Not a plain nn.Linear: the chunked path runs it."""
+    """The LM head followed by the family's logit transform (families.logit_transform), which the
+    trainer, calling the head itself, must apply as ForCausalLM does. Runs on the chunked path."""
 
     def __init__(self, head: torch.nn.Module, divisor: float | None, cap: float | None) -> None:
         super().__init__()
@@ -86,11 +82,9 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
                    chunk: int = 2048, share: PromptShare | None = None,
                    varlen: VarlenRows | None = None,
                    tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of each target token input_ids[:, t+1] at masked positions.
-    Returns logp (b, L-1) and entropy (b, L-1), zero off the mask. With `share` (the same rows
-    in the shared-prompt layout) each distinct prompt is computed once (trainer/shared_prompts.py);
-    with `varlen` (the same rows back to back in one row) no position is padding (trainer/varlen.py);
-    with `tree` each distinct prefix is computed once (trainer/prefix_tree.py)."""
+    """Log-prob of each target token input_ids[:, t+1] at masked positions: logp (b, L-1) and
+    entropy (b, L-1), zero off the mask. `share`, `varlen` or `tree`: the same rows in that layout
+    (shared_prompts.py, varlen.py, prefix_tree.py)."""
     if tree is not None:
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
         logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),
@@ -127,11 +121,9 @@ def _scatter(loss_mask: torch.Tensor, logp_flat: torch.Tensor,
 
 
 class TokenLogprobs(torch.nn.Module):
-    """`token_logprobs` of the policy as a module's forward. FSDP2 gathers a unit's parameters in
-    its module's forward hooks, and `token_logprobs` calls the inner model and the LM head
-    directly (to run the head in chunks), never the causal LM's own forward: sharded, this module is
-    the root unit, owning the embeddings, the final norm and the head (tied or not), and the decoder
-    layers are units of their own. One process calls it too, the same computation either way."""
+    """`token_logprobs` of the policy as a module's forward. FSDP2 gathers a unit's parameters in its
+    module's forward hooks, and `token_logprobs` never calls the causal LM's own forward: sharded,
+    this module is the root unit (embeddings, final norm, head), the decoder layers units of their own."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()

@@ -1,20 +1,11 @@
-"""`train.precision=masters`: the trainer's forward and backward on a working copy of the model in
-the compute dtype (model.train_dtype, bf16), the optimizer on the fp32 master weights kept apart.
+"""`train.precision=masters`: forward and backward on a bf16 working copy of the model, the
+optimizer on the fp32 master weights kept apart. Under autocast everything between the matmuls runs
+and is saved in fp32; the working copy is bf16 throughout (no casts, half the activation bytes).
 
-Under autocast (`train.precision=autocast`) the model itself is fp32: every linear casts its fp32
-input and weight to bf16 on each call, and everything between the matmuls (the residual stream,
-RMSNorm, rotary embeddings, SiLU x gate) runs and is saved for the backward in fp32. The working
-copy is bf16 throughout: no casts, and half the bytes of every activation kept for the backward.
-
-The masters are the model's own parameters (the checkpoint, the weight sync and the evaluator read
-them as before); the working copy shares nothing with them. Each working parameter's gradient is
-added into its master's fp32 `.grad` as soon as the backward has accumulated it (a post-accumulate
-hook) and then freed, so gradients sum over micro-batches in fp32, as they do under autocast, and
-no full set of bf16 gradients is ever resident. After each optimizer step `refresh` copies the
-updated masters into the working copy (one rounding to bf16 per weight per step).
-
-`train.compile` is here too (`compile_layers`): each decoder layer compiled by torch.compile, which
-the working copy must know of.
+The masters are the model's own parameters (checkpoint, weight sync and evaluator read them). Each
+working gradient is added into its master's fp32 `.grad` by a post-accumulate hook and freed, so
+gradients sum in fp32 and no full set of bf16 gradients is resident; `refresh` copies the masters
+back after each optimizer step. `train.compile` is here too (`compile_layers`).
 """
 from __future__ import annotations
 
@@ -31,8 +22,7 @@ PRECISIONS = ("autocast", "masters")
 
 
 class WorkingCopy:
-    """A copy of `model` whose floating parameters are in `dtype`; the trainable ones send their
-    gradients to `model`'s (the masters') `.grad` in the masters' dtype."""
+    """`model` in `dtype`, sending its gradients to the masters' `.grad` in the masters' dtype."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
         if layers_compiled(model):  # a copied layer's compiled forward would still call the master layer
@@ -77,8 +67,7 @@ def _to_master(master: nn.Parameter):
 
 def working_copy(model: nn.Module, precision: str, compute_dtype: torch.dtype | None,
                  sharded: bool) -> WorkingCopy | None:
-    """The working copy `precision` asks for, or None: none under autocast, nor when the trainer
-    computes in fp32 (nothing to keep apart)."""
+    """The working copy `precision` asks for, or None (autocast, or an fp32 trainer)."""
     if precision == "autocast" or compute_dtype is None or compute_dtype == torch.float32:
         return None
     if compute_dtype != torch.bfloat16:  # fp16 weights would need loss scaling of their own
@@ -93,28 +82,17 @@ def working_copy(model: nn.Module, precision: str, compute_dtype: torch.dtype | 
 
 
 # -- compiled ----------------------------------------------------------------------------------------
-# `train.compile`: each decoder layer of the trained model compiled by `torch.compile`.
-#
-# Per layer, not the whole model: every layer has the same code, so one compiled graph serves them
-# all (one compilation, not one per layer), and what lies between the layers (the shared-prompt KV
-# cache, the chunked LM head, FSDP2's per-layer gather and reduce-scatter hooks) stays eager. The
-# layer's `forward` is what is compiled, not its `__call__`, so the module hooks FSDP2 and gradient
-# checkpointing hang on a layer run eagerly around the compiled body, in whichever order they were
-# applied. The trainer's shared-prompt path is off for compiled layers: it hands each layer the
-# prompts' KV cache, and dynamo guards on that cache's per-layer state, so every layer and shape
-# compiled anew (past torch's recompile limit). For the same reason the training forward asks for
-# no KV cache (`use_cache=False`, trainer/logprobs.py): one graph serves every layer and shape.
-# `dynamic=True` because micro-batch shapes (rows, width) change every step: with static shapes each
-# new shape would compile again. peft's LoRA layers trace too (tests/trainer/test_train_compile.py: equal
-# to eager, adapters off for the KL reference included). What it buys is fused elementwise kernels
-# (RMSNorm, RoPE, SiLU x up, residual adds) in forward and backward; on a GPU that is launch
-# overhead and memory traffic saved. On a small CPU compiling a layer with inductor takes longer than
-# the default run's whole training, so it is off by default.
+# `train.compile`: each decoder layer's `forward` compiled (fused elementwise kernels). Per layer: the
+# layers share code, so one graph serves them all, and what lies between (the chunked head, FSDP2's
+# hooks) stays eager; compiling `forward`, not `__call__`, leaves the hooks of FSDP2 and gradient
+# checkpointing eager around it. No KV cache reaches a compiled layer (shared prompts off,
+# `use_cache=False`): dynamo guards on its per-layer state, one compile per layer and shape.
+# `dynamic=True`: micro-batch shapes change every step. Off by default: on a small CPU compiling
+# takes longer than the default run's training (docs/log/figures-from-code.md).
 
 def compile_layers(model: nn.Module, backend: str | Any = "inductor") -> int:
-    """Compile the forward of each decoder layer of `model` in place; returns how many.
-    `backend`: torch.compile's (tests use "aot_eager", which traces the same graphs without
-    generating kernels)."""
+    """Compile the forward of each decoder layer of `model` in place; returns how many. `backend`:
+    torch.compile's (tests use "aot_eager")."""
     layers = decoder_layers(model)
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
@@ -122,6 +100,5 @@ def compile_layers(model: nn.Module, backend: str | Any = "inductor") -> int:
 
 
 def layers_compiled(model: nn.Module) -> bool:
-    """Whether `compile_layers` compiled this model's decoder layers (any module's forward, so that
-    it answers for a sharded model too)."""
+    """Whether `compile_layers` compiled this model's layers (any module's, so a sharded model too)."""
     return any(hasattr(m.forward, "_torchdynamo_orig_callable") for m in model.modules())

@@ -1,11 +1,7 @@
-"""The per-micro-batch objective: ppo | decoupled | dg, optionally truncated importance sampling on
-the engine/trainer mismatch (algo.tis_cap), plus the k3 KL penalty (docs/architecture.md rule 4); and the
-statistics each micro-batch adds to the step's (behaviour weights, the engine/trainer log-prob gap).
-
-Loss math lives in `aioareal.losses` as pure functions; this module only picks and wires them.
-
-Supervised fine-tuning's objective is here too (`completion_loss`): the summed negative log-likelihood
-of a demonstration's completion tokens given its prompt, by the same chunked log-probs.
+"""The per-micro-batch objective: ppo | decoupled | dg, optional truncated importance sampling
+(algo.tis_cap), the k3 KL penalty (docs/architecture.md rule 4), and each micro-batch's statistics.
+The loss math is `aioareal.losses`' pure functions; this picks and wires them. Supervised
+fine-tuning's loss is here too (`completion_loss`).
 """
 from __future__ import annotations
 
@@ -31,10 +27,9 @@ class Totals:
 
 def loglinear_prox(logp: torch.Tensor, behav_logp: torch.Tensor, token_versions: torch.Tensor,
                    prox_version: float, theta_version: float) -> torch.Tensor:
-    """Approximate log pi_prox without a forward pass by interpolating in log space between the
-    behaviour policy (version v_b, per token) and the current one (v_theta), at v_prox:
-    log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha = (v_prox - v_b) / (v_theta - v_b).
-    Exact at both ends: fresh tokens (v_b = v_prox) give pi_b, and v_theta = v_prox gives pi_theta."""
+    """log pi_prox without a forward pass, interpolated in log space between the behaviour policy
+    (version v_b, per token) and the current one: log pi_b + alpha (log pi_theta - log pi_b),
+    alpha = (v_prox - v_b) / (v_theta - v_b); exact at both ends."""
     span = theta_version - token_versions
     alpha = torch.where(span > 0, (prox_version - token_versions) / span.clamp(min=1e-6), torch.ones_like(span))
     return (behav_logp + alpha.clamp(0, 1) * (logp.detach() - behav_logp)).detach()
@@ -43,10 +38,8 @@ def loglinear_prox(logp: torch.Tensor, behav_logp: torch.Tensor, token_versions:
 def behaviour_stats(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor,
                     prox_version: float) -> dict[str, torch.Tensor]:
     """How far the trained policy is from the one that sampled the tokens, summed over loss tokens
-    (keys ending in `_max` are maxima). `logp` is the policy the objective weighs the behaviour
-    against: pi_prox for decoupled (w = pi_prox / pi_behav, the weight it applies and caps), the
-    current policy for ppo (its ratio) and dg (which ignores it: measured only, to compare).
-    Staleness alone does not say how much the objective's correction matters; these do."""
+    (`_max` keys are maxima). `logp` is what the objective weighs the behaviour against: pi_prox for
+    decoupled, the current policy for ppo and dg (for dg measured only, to compare)."""
     mask = mb.loss_mask
     w = torch.exp(logp.detach() - mb.behav_logp)  # (N, T)
     # Outside PPO's trust region around the behaviour policy: where a behaviour-centred clip can act.
@@ -59,10 +52,9 @@ def behaviour_stats(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor,
 
 
 def gap_stats(mb: MicroBatch, trainer_logp: torch.Tensor, version: float) -> dict[str, torch.Tensor]:
-    """Engine/trainer agreement: |log pi_trainer - log pi_behav| on the loss tokens sampled by the
-    version the trainer holds (`version`), summed, counted, and its max. Tokens of another version
-    are left out: their gap measures staleness, not the mismatch between the two implementations.
-    Its silent growth (a bf16 generator against an fp32 trainer) is what collapses runs."""
+    """Engine/trainer agreement: |log pi_trainer - log pi_behav| summed, counted and maximised over
+    the loss tokens sampled by the trainer's own `version` (on others it measures staleness). Its
+    silent growth (a bf16 generator against an fp32 trainer) is what collapses runs."""
     fresh = mb.loss_mask & (mb.versions == version)  # (N, T)
     gap = torch.where(fresh, (trainer_logp.detach() - mb.behav_logp).abs(), torch.zeros_like(mb.behav_logp))
     return {"logprob_gap": gap.sum(), "logprob_gap_tokens": fresh.sum(), "logprob_gap_max": gap.amax()}
@@ -70,10 +62,8 @@ def gap_stats(mb: MicroBatch, trainer_logp: torch.Tensor, version: float) -> dic
 
 def start_logp(mb: MicroBatch, logp: torch.Tensor, first_update: bool) -> torch.Tensor | None:
     """The trainer's log-probs at the start of the step (no grad), where this micro-batch has them:
-    recomputed before the update (decoupled's pi_prox, or algo.tis_cap with several updates), or
-    this very forward while no update has happened yet (the first mini-batch of the first epoch:
-    for ppo/dg with algo.minibatches > 1 the gap is measured on that mini-batch alone, rather
-    than pay a forward pass over the others only to measure it)."""
+    recomputed before the update, or this very forward before any update (for ppo/dg with several
+    mini-batches the gap is measured on the first alone, rather than pay a forward for it)."""
     if mb.prox_logp is not None:
         return mb.prox_logp
     return logp.detach() if first_update else None
@@ -135,11 +125,10 @@ def micro_loss(cfg: AlgoConfig, mb: MicroBatch, logp: torch.Tensor, totals: Tota
 
 
 # -- supervised --------------------------------------------------------------------------------------
-# The supervised loss of the `sft` stage (run/sft.py) and the tiny model's warm-start (run/warmup.py):
-# the next-token loss on a demonstration's completion tokens only, its prompt context, never a target.
+# The loss of `sft` (run/sft.py) and the warm-start (run/warmup.py): next-token loss on the completion only.
 
-# Above this many logits (1 GiB in fp32) a micro-batch's loss takes the trainer's chunked head, so a
-# 262k vocabulary (Gemma) never holds them all; below it the plain forward's (SmolLM2's 4 x 640 tokens).
+# Above this many logits (1 GiB in fp32) the loss takes the chunked head (a 262k vocabulary never
+# holds them all); below, the plain forward's.
 FULL_LOGITS = 1 << 28
 
 

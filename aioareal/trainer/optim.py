@@ -1,16 +1,7 @@
-"""Which AdamW implementation the trainer's optimizer runs: `fused` or `foreach`.
-
-`fused=True` is one kernel per parameter group and dtype for the whole update (read the gradient,
-both moments and the weight once), where `foreach` is one launch per elementwise op over lists of
-tensors and the default for-loop one per op per parameter. torch has the fused kernel on CUDA and
-on the CPU; on the CPU it is the fastest too (one pass over each tensor's data, not one per
-elementwise op, and the fewest dispatches). Fused is
-taken where every trained parameter is a floating tensor on one of those devices (all CUDA or all
-CPU); FSDP2's sharded parameters (DTensors) qualify too: torch 2.13 shards `_fused_adamw_` as a
-pointwise op over the local shards (tests/trainer/test_train_compile.py checks that it equals foreach on a
-DTensor). Mixed devices take `foreach`.
-
-`train.optimizer_moments=bfloat16` takes AdamW with bf16 moments instead (trainer/bf16_moments.py).
+"""Which AdamW the trainer runs: torch's `fused` (one kernel for the whole update, one pass over each
+tensor; fastest on CUDA and the CPU) where every trained parameter is a floating tensor on one such
+device, FSDP2's DTensors included (torch 2.13 shards `_fused_adamw_` pointwise); `foreach` for mixed
+devices; bf16 moments with `train.optimizer_moments=bfloat16` (trainer/bf16_moments.py).
 """
 from __future__ import annotations
 
@@ -63,8 +54,7 @@ def param_groups(params: list[torch.Tensor], model: torch.nn.Module, algo: AlgoC
 
 def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, sharded: bool,
                     model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
-    """The trainer's AdamW over `params` of `model`, its moments in fp32 (torch's, fused where it
-    can be) or bf16 (train.optimizer_moments)."""
+    """The trainer's AdamW over `params`, its moments in fp32 (torch's) or bf16 (train.optimizer_moments)."""
     settings = {"lr": algo.lr, "betas": (0.9, algo.adam_beta2), "weight_decay": algo.weight_decay}
     groups = param_groups(params, model, algo) if model is not None else params
     if moments == "float32":
@@ -75,11 +65,9 @@ def build_optimizer(params: list[torch.Tensor], algo: AlgoConfig, moments: str, 
     return AdamWBf16Moments(groups, **settings)
 
 
-# Adam moves each weight by about lr a step whatever the weight's size, so what a learning rate does
-# to a model is lr relative to its weights' typical magnitude. SmolLM2-135M's matrices have mean |w|
-# 0.13-0.16 and learn at lr 1e-5 (relative 7e-5); Gemma 3 270M's are 0.012-0.031, so the same lr is
-# a step 5-12x larger relative to them (4e-4), and it collapses in five steps, embedding frozen or not,
-# where 3e-6 (1.2e-4) learns (docs/log/2026-12-gemma3.md). Past this bound the run says so at start-up.
+# Adam moves each weight by about lr a step whatever its size, so what a learning rate does is lr
+# relative to the weights' typical magnitude; past this bound pretrained models have collapsed
+# (docs/log/2026-12-gemma3.md, docs/log/figures-from-code.md), and the run says so at start-up.
 MAX_RELATIVE_STEP = 2.5e-4
 
 

@@ -13,8 +13,7 @@ from .prefix_tree import Plan, TreeSetting, worthwhile_plan
 
 
 def plan(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (a longer
-    sequence than the budget still gets a micro-batch of its own)."""
+    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (or one row alone)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
@@ -30,15 +29,12 @@ def plan(lengths: list[int], budget: int) -> list[list[int]]:
 
 def plan_shared(samples: list[Sample], budget: int, tree: TreeSetting = False) -> list[list[int]]:
     """Indices of each micro-batch for the shared-prompt layout, whose cost is the distinct prompts
-    x the longest prompt + the rows x the longest completion: a micro-batch computes each of its
-    prompts once, so a group's rows should sit together (`plan`'s order by length scatters a
-    group's G rows over several micro-batches, each computing the prompt again), but rows of
-    unlike completion lengths pad to the longest. Two orders are tried, rows by completion length
-    within each prompt and rows by length alone, each cut where the positions plus a micro-batch's
-    fixed cost add up least (`_cheapest_cuts`). With the prefix tree, which shares more the more
-    rows it sees, each order filled up to the budget is a candidate too. The plan that computes
-    least in the layouts `collate` will take wins. Rows that fit the budget together stay one
-    micro-batch (the search costs host time that a small step, the tiny model's, cannot spare)."""
+    x the longest prompt + the rows x the longest completion: a group's rows should sit together,
+    but unlike completion lengths pad to the longest. Two orders (by completion within each prompt,
+    by length alone) are each cut where positions plus fixed costs add up least; with the prefix
+    tree, which shares more the more rows it sees, each order filled to the budget is a candidate
+    too. The cheapest plan wins. Rows that fit the budget together stay one micro-batch (the search
+    costs host time a small step cannot spare)."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, s in enumerate(samples):
         by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
@@ -58,9 +54,8 @@ def plan_shared(samples: list[Sample], budget: int, tree: TreeSetting = False) -
         candidates += [_fullest_cuts(samples, order, budget) for order in (together, by_length)]
     return min(candidates, key=lambda batches: _plan_cost(samples, batches, tree))
 
-# A micro-batch's fixed cost in token positions, beside the positions it computes: its launches and
-# per-op overheads (two passes, forward and backward). It keeps `plan_shared` from cutting many
-# small micro-batches for a few positions less.
+# A micro-batch's fixed cost (launches, per-op overheads) in token positions: it keeps `plan_shared`
+# from cutting many small micro-batches for a few positions less.
 MICRO_BATCH_POSITIONS = 64
 
 
@@ -78,9 +73,8 @@ class _Lengths:
 
 
 def _cheapest_cuts(rows: _Lengths, order: list[int], budget: int) -> list[list[int]]:
-    """Micro-batches of consecutive rows of `order`, each within the budget (a row alone may pass
-    it), whose shared-layout positions plus fixed costs add up least: dynamic programming over
-    where to cut."""
+    """Micro-batches of consecutive rows of `order` within the budget whose positions plus fixed costs
+    add up least: dynamic programming over where to cut."""
     n = len(order)
     best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
     cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
@@ -131,8 +125,7 @@ def plan_for(samples: list[Sample], budget: int, share: bool, tree: TreeSetting 
 
 
 def taken_layout(samples: list[Sample], share: bool, varlen: bool, tree: TreeSetting) -> tuple[Plan | None, int]:
-    """The prefix tree's planned rows where `collate` takes the tree for these samples (else None),
-    and the positions the layout it takes computes."""
+    """The prefix tree's planned rows where `collate` takes it (else None), and the taken layout's positions."""
     other = layout_positions(samples, share, varlen)
     taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
     return (taken[0], taken[1]) if taken else (None, other)

@@ -1,31 +1,25 @@
 """A micro-batch's sequences as a prefix tree: every distinct prefix computed once.
 
-Causal attention makes a position's hidden state a function of its prefix alone, so two sequences
-that start alike compute the same states up to where they part. The shared-prompt layout
-(trainer/shared_prompts.py) uses this for a group's prompt; here it is used for every prefix: the
-G completions of a group often begin alike, or are identical (a policy that has learnt to answer
-a short question writes the same few tokens most of the time: on the offline default run most
-of a batch's completion positions repeat another's), and several prompts may share a
-system prompt or a template. The micro-batch's distinct prefixes become the nodes of a trie; each
-node is one position of the model's input, attending to its ancestors and itself only, at its
-depth's position id. Log-probs are the padded path's up to float rounding, and so are the
-gradients: a node shared by k sequences receives the sum of their k gradients in the backward
-pass of the gathers below, which is what the padded layout's k copies add up to in the weights.
+Causal attention makes a position's hidden state a function of its prefix alone. The G completions
+of a group often begin alike or are identical, and prompts may share a template, so the
+micro-batch's distinct prefixes become the nodes of a trie; each node is one input position,
+attending to its ancestors and itself at its depth's position id. Log-probs and gradients are the
+padded path's up to rounding: a node shared by k sequences receives their k gradients' sum through
+the gathers below.
 
-Layout, all built on the host with the micro-batch (no device reads):
-  input_ids (r, T): each row's nodes, ancestors before descendants, right-padded. Whole sequences
-    go to a row, in sorted order so that sequences sharing a prefix sit together; a row holds at
-    most `row_len` nodes (more only for a single longer sequence), which bounds the (T, T) mask;
-  position_ids (r, T): a node's position in its sequences (its depth, from 0);
+Layout, built on the host (no device reads):
+  input_ids (r, T): each row's nodes, ancestors first, right-padded. Whole sequences go to a row,
+    sorted so shared prefixes sit together, at most `row_len` nodes a row (bounding the (T, T) mask);
+  position_ids (r, T): a node's depth, from 0;
   mask (r, 1, T, T) bool: a node attends to its ancestors and itself (padding to itself);
-  pair_node, pair_target (u,): each distinct (prefix, next token) pair the loss needs: the flat
-    index (row * T + node) of the prefix's last node and the token it predicts. Identical
-    completions give one pair per token, so the LM head and log-softmax also run once for them;
-  pair_index (n,): each completion token, in loss_mask's row-major order -> its pair (an episode's
-    observation tokens are nodes, context for what follows, but predict no pair: no loss term).
+  pair_node, pair_target (u,): each distinct (prefix, next token) pair the loss needs: the flat index
+    (row * T + node) of the prefix's last node and its target, so identical completions also share
+    the LM head;
+  pair_index (n,): each completion token, in loss_mask's order -> its pair (an episode's observation
+    tokens are nodes but predict no pair).
 
-Where the shared-prompt or padded layout computes about as few positions, this one is not used
-(`worthwhile_plan`): its mask costs (T, T) per row, where the others are plain causal attention.
+It is taken only where it computes clearly fewer positions (`worthwhile_plan`): its mask costs
+(T, T) per row, where the other layouts are plain causal attention.
 """
 from __future__ import annotations
 
@@ -125,9 +119,8 @@ def _width(rows: list[_Row]) -> int:
 
 def worthwhile_plan(samples: list[Sample], other_positions: int, always: bool = False,
                     row_len: int = ROW_LEN) -> tuple[Plan, int] | None:
-    """The planned rows of these samples and their positions, if the tree computes at most
-    WORTH_IT x `other_positions` (the layout it would replace), or `always`; else None. A plan
-    without a single input position (one-token prompts, empty completions) is never taken."""
+    """The planned rows and their positions if the tree computes at most WORTH_IT x `other_positions`
+    (or `always`), else None; never a plan without a single input position."""
     planned = plan_rows(samples, row_len)
     positions = len(planned[0]) * _width(planned[0])
     if positions == 0 or not always and positions > WORTH_IT * other_positions:
@@ -136,9 +129,8 @@ def worthwhile_plan(samples: list[Sample], other_positions: int, always: bool = 
 
 
 def build_tree(samples: list[Sample], pad_id: int, row_len: int = ROW_LEN, planned: Plan | None = None) -> PrefixTree:
-    """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them); `planned`:
-    their `plan_rows`, where the caller has it already (`worthwhile_plan`: the tensors and the
-    (T, T) mask, most of the cost for long sequences, are built only for a tree that is taken)."""
+    """The prefix-tree layout of these samples (CPU tensors; `tree_to` moves them); `planned`: their
+    `plan_rows`, where the caller has it already (the mask is built only for a tree that is taken)."""
     rows, paths = planned or plan_rows(samples, row_len)
     width = _width(rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -173,8 +165,7 @@ def _ancestor_mask(rows: list[_Row], width: int) -> torch.Tensor:
 
 def _pairs(samples: list[Sample], paths: list[tuple[int, list[int]]],
            width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Distinct (predicting node, target) pairs, and each completion token's pair, in loss_mask's
-    order (samples in order, each completion's tokens in order)."""
+    """Distinct (predicting node, target) pairs, and each completion token's pair in loss_mask's order."""
     pairs: dict[tuple[int, int], int] = {}
     nodes: list[int] = []
     targets: list[int] = []
@@ -210,10 +201,9 @@ def tree_hidden(model: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
 
 
 def use_tree(setting: bool | str, device: torch.device, model: torch.nn.Module, compiled: bool) -> TreeSetting:
-    """train.prefix_tree (true, false or "auto") -> what the packer does: never, per micro-batch
-    where it pays ("auto"), or always. The tree's (T, T) masks need the project's attention
-    ("aioareal", which takes a given mask on every device). "auto" is on where it was measured to
-    pay (the CPU) and off for compiled layers, which would recompile for every new mask shape."""
+    """train.prefix_tree (true, false or "auto") -> never, per micro-batch where it pays, or always.
+    The tree's masks need the project's attention ("aioareal"). "auto" is on where it was measured
+    to pay (the CPU), and off for compiled layers (a recompile per mask shape)."""
     attention = getattr(model.config, "_attn_implementation", None)
     if setting == "auto":
         return "auto" if device.type == "cpu" and attention == ATTENTION == "aioareal" and not compiled else False

@@ -1,15 +1,9 @@
 """A micro-batch's prompts computed once and shared by the rows that continue them.
 
-The G samples of a group repeat one prompt, and causal attention makes the prompt's hidden states
-and keys/values the same in every row: a padded micro-batch computes them G times. Here the
-micro-batch's distinct prompts go through the model once (with a KV cache kept in the autograd
-graph), their caches are gathered to the rows, and only the completion tokens go through a second
-pass that attends to them. The log-probs are the padded path's up to float rounding, and so are the
-gradients: the prompt's share adds up over its rows in the backward pass of the gather. On the
-offline default run (B=32 groups of G=8, prompts of up to 7 tokens, completions of about 4) a
-micro-batch computes 32x7 + 256x4 token positions instead of 256x11, and its forward and backward
-take much less time on the CPU (the saving shrinks with more threads, where per-op overhead weighs
-more: README, Performance).
+A padded micro-batch computes a group's prompt G times. Here the distinct prompts go through the
+model once (their KV cache kept in the autograd graph), the caches are gathered to the rows, and
+only the completions go through a second pass. Log-probs and gradients are the padded path's up to
+rounding: the prompt's share adds up over its rows in the gather's backward.
 
 Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   prompts (g, P) right-padded, the distinct prompts; `row_prompt` (b,) picks row i's;
@@ -62,8 +56,7 @@ def build_share(samples: list[Sample], pad_id: int) -> PromptShare:
 
 
 def _model_tokens(samples: list[Sample], width: int) -> torch.Tensor:
-    """(b, width) bool: False at episodes' observation tokens, which are inputs (attended to) but
-    never targets; True elsewhere (padding is excluded by the caller)."""
+    """(b, width) bool: False at episodes' observation tokens (inputs, never targets), else True."""
     models = [s.completion.model_mask() for s in samples]
     if all(m is None for m in models):
         return torch.ones(1, width, dtype=torch.bool)
@@ -81,16 +74,14 @@ def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     out = decoder(model)(input_ids=share.prompt_ids, attention_mask=share.prompt_mask, use_cache=True)
     hidden = out.last_hidden_state  # (g, P, H)
     # The last prompt position predicts the first completion token. Taken once per prompt, then
-    # copied to its rows with index_select: indexing (row_prompt, len - 1) directly would repeat each
-    # index G times, and the backward of a repeated index adds with atomics on several CPU threads
-    # (a different float sum from run to run; sync-mode runs must replay exactly).
+    # index_select to its rows: a repeated index's backward adds with atomics on several CPU threads
+    # (another float sum each run; sync-mode runs must replay exactly).
     ends = (share.prompt_mask.sum(dim=1) - 1)[:, None, None].expand(-1, 1, hidden.shape[-1])  # (g, 1, H)
     last = hidden.gather(1, ends).squeeze(1).index_select(0, share.row_prompt)  # (b, H)
     width = share.input_ids.shape[1]
     if width == 0:  # every completion is one token long
         return last[:, None]
-    # transformers 5.24 renamed the model's KV cache argument and output `past_key_values` -> `cache`
-    # (the old name still works there, with a deprecation warning per call).
+    # transformers 5.24 renamed `past_key_values` -> `cache` (the old name warns on each call).
     cache_name = "cache" if hasattr(out, "cache") else "past_key_values"
     cache = getattr(out, cache_name)
     cache.reorder_cache(share.row_prompt)  # (g, ...) -> (b, ...): index_select, in the autograd graph

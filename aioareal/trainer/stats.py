@@ -1,9 +1,6 @@
 """The step's statistics: per-token figures summed on the device over every micro-batch and update,
-read back once per step (the step's one host sync) and turned into the metrics row's figures.
-
-Keys ending in `_max` are maxima: they combine by max over micro-batches, updates and ranks; every
-other key is a sum. `logprob_gap_*` (engine/trainer agreement) is NaN when no trained token was
-sampled by the trainer's own version: there is nothing to compare (JSON writes it as null).
+read back once per step (the step's one host sync) and turned into the metrics row's figures. Keys
+ending in `_max` combine by max (over micro-batches, updates and ranks), all others by sum.
 """
 from __future__ import annotations
 
@@ -50,8 +47,7 @@ def read_back(step: StepSums, collective: Collective) -> dict[str, float]:
 
 
 def step_figures(total: dict[str, float], updates: int) -> dict[str, float]:
-    """The trainer's figures of a metrics row from the read-back totals (per-token means over the
-    trained tokens, the loss per optimizer update)."""
+    """The metrics row's trainer figures: per-token means, the loss per optimizer update."""
     tokens = max(total["tokens"], 1.0)
     out = {
         "loss": total["loss"] / updates,  # mean over optimizer updates of the mini-batch loss
@@ -76,8 +72,7 @@ def step_figures(total: dict[str, float], updates: int) -> dict[str, float]:
 
 
 def gap_figures(total: dict[str, float]) -> dict[str, float]:
-    """`logprob_gap_mean` and `logprob_gap_max`: |log pi_trainer - log pi_behav| over the tokens the
-    trainer's own version sampled; NaN when there are none (every token stale)."""
+    """`logprob_gap_mean` and `_max` over the tokens the trainer's own version sampled; NaN if none."""
     fresh = total.get("logprob_gap_tokens", 0.0)
     if fresh == 0:
         return {"logprob_gap_mean": math.nan, "logprob_gap_max": math.nan}

@@ -1,6 +1,4 @@
-"""One RL training step, top to bottom. Each phase is timed by name (`time_<phase>` in
-metrics.jsonl): advantages -> pack -> fixed log-probs -> per mini-batch, micro-batch losses and an
-optimizer step -> publish the new version to the generator."""
+"""One RL training step, top to bottom, each phase timed (`time_<phase>` in metrics.jsonl)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,7 +21,7 @@ def train_step(trainer: Trainer, groups: list[Group],
         assign_advantages(groups, trainer.algo.adv_std_norm)
     with timer("pack", host=True):  # mini-batches of whole groups, packed into micro-batches by token budget
         minibatches = trainer.pack(groups)
-    with timer("fixed_logprobs"):  # pi_prox (decoupled; tis_cap's pi_old) and the KL reference, no grad
+    with timer("fixed_logprobs"):  # pi_prox (decoupled; tis_cap's pi_old) and the KL reference
         trainer.fill_fixed_logprobs(minibatches)
     sums = StepSums()
     updates = trainer.algo.ppo_epochs * len(minibatches)
@@ -44,9 +42,8 @@ def train_step(trainer: Trainer, groups: list[Group],
 
 
 def check_gap(gap: float, bound: float, version: int) -> None:
-    """Stop the run when the generator's behaviour log-probs and the trainer's own differ by more
-    than `bound` nats on some token the trainer's version sampled (NaN: none was, nothing to say):
-    the generator samples from another model than the one trained (generation/backends.py)."""
+    """Stop the run when the generator's and the trainer's log-probs differ by more than `bound` nats
+    on a token the trainer's version sampled: it samples from another model than the one trained."""
     if gap > bound:
         raise UserError(f"step {version}: logprob_gap_max {gap:.3g} nats exceeds train.max_logprob_gap={bound:g}: "
                         "the generator's log-probs differ from the trainer's; try generation.backend=hf")

@@ -1,9 +1,6 @@
-"""The trainer's state and the pieces of a training step: packing, fixed log-probs, the
-micro-batch losses, the optimizer step, the step's summary. `train_step` (trainer/step.py) calls
-them in order; read it first.
-
-`Trainer` owns the master weights (fp32) and the optimizer. One step turns a batch of B groups
-into `minibatches x ppo_epochs` optimizer steps and bumps the policy version by one.
+"""The trainer's state (master weights, optimizer) and the pieces of a training step, which
+`train_step` (trainer/step.py) calls in order: read it first. One step is `minibatches x
+ppo_epochs` optimizer steps and one policy version.
 """
 from __future__ import annotations
 
@@ -31,8 +28,8 @@ from .varlen import use_varlen
 
 
 class NonFiniteError(UserError):
-    """Too many consecutive updates had a non-finite loss or gradient: the run stops (exit code 3)
-    with its last checkpoint intact, since no checkpoint is written after a failed step."""
+    """Too many consecutive updates had a non-finite loss or gradient: the run stops (exit code 3),
+    its last checkpoint intact."""
 
     exit_code = 3
 
@@ -44,9 +41,8 @@ MAX_CONSECUTIVE_SKIPS = 5
 
 
 def autocasts(device: torch.device, dtype: torch.dtype | None) -> bool:
-    """Whether the trainer runs its forward and backward under autocast to `dtype` (its master weights
-    stay fp32): on CUDA in bf16 or fp16; on the CPU in bf16 only, whose matmuls run on AMX or AVX-512
-    BF16 units where the CPU has them (fp16 on the CPU would need loss scaling and has no such units)."""
+    """Whether forward and backward run under autocast to `dtype`: on CUDA in bf16 or fp16, on the CPU
+    in bf16 only (fp16 there would need loss scaling and has no matmul units)."""
     if dtype is None or dtype == torch.float32:
         return False
     return device.type == "cuda" or dtype == torch.bfloat16
@@ -74,8 +70,6 @@ class Trainer:
         freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.autocast_dtype = autocast_dtype if autocasts(self.device, autocast_dtype) else None
-        # train.precision=masters: forward and backward on a bf16 working copy, the optimizer on the
-        # fp32 masters (trainer/masters.py); the model keeps the masters for the weight sync and checkpoints.
         self.working = working_copy(model, train.precision, self.autocast_dtype, collective.size > 1)
         if self.working is not None:
             self.policy = TokenLogprobs(self.working.model)
@@ -83,7 +77,6 @@ class Trainer:
         warmup = self.algo.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
-        # fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda") if self.autocast_dtype == torch.float16 else None
         if self.scaler and collective.size > 1:  # each rank's scaler would see only its own shards' overflows
             raise UserError("model.train_dtype resolves to float16, which is not supported on several ranks "
@@ -100,19 +93,14 @@ class Trainer:
 
     def _choose_layouts(self, model: PreTrainedModel, train: TrainConfig, collective: Collective) -> None:
         """Which micro-batch layouts the log-probs may use (trainer/batching.py)."""
-        # One process computes each micro-batch's distinct prompts once (trainer/shared_prompts.py).
-        # Under torchrun the padded path stays: FSDP2 would gather every layer twice per forward.
-        # Gradient checkpointing drops the prompts' KV cache the shared path needs.
-        # Compiled layers would recompile for the prompts' cache (trainer/masters.py).
+        # Shared prompts are off under torchrun (FSDP2 would gather every layer twice per forward),
+        # with gradient checkpointing (it drops the prompts' KV cache) and with compiled layers (a
+        # recompile for the cache). The non-padded layouts' masks know no sliding window.
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         compiled = layers_compiled(model)
-        # The shared-prompt, one-row and tree layouts build masks without sliding windows (Mistral,
-        # Gemma 2/3, ...): a windowed model keeps the padded batch, where the model masks itself.
         windowed = bool(sliding_windows(model))
         self.share_prompts = collective.size == 1 and not checkpointed and not compiled and not windowed
-        # Where prompts are not shared, one row per micro-batch (trainer/varlen.py) if asked or the kernel exists.
         self.varlen = not self.share_prompts and not windowed and use_varlen(train.varlen, self.device, model)
-        # Each distinct prefix once (trainer/prefix_tree.py), per micro-batch where it pays.
         self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
 
     def _autocast(self):
@@ -129,8 +117,7 @@ class Trainer:
                                   self.temperature, self.logprob_chunk, mb.share, mb.varlen, mb.tree)
 
     def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
-        """The batch's mini-batches (algo.minibatches, whole groups each), each packed into
-        micro-batches by the token budget and moved to the trainer's device."""
+        """The batch's mini-batches (whole groups each), packed into micro-batches on the device."""
         self.model.train()  # a freshly loaded model is in eval mode
         if self.working is not None:
             self.working.model.train()
@@ -147,8 +134,7 @@ class Trainer:
         return self._even_out(packed)
 
     def _even_out(self, packed: list[list[MicroBatch]]) -> list[list[MicroBatch]]:
-        """Under torchrun each forward and backward of the sharded model is a collective: every rank
-        runs as many micro-batches per mini-batch as the rank with the most, the others add fillers."""
+        """Under torchrun every forward and backward is a collective: ranks add fillers up to the most."""
         if self.collective.size == 1:
             return packed
         most = self.collective.max_(torch.tensor([len(part) for part in packed])).tolist()
@@ -170,10 +156,9 @@ class Trainer:
                 mb.ref_logp = self._logprobs(self.ref_model, mb)[0].float()
 
     def accumulate(self, part: list[MicroBatch], theta_version: float, step: StepSums) -> None:
-        """Forward and backward every micro-batch of a mini-batch (their losses sum to the
-        mini-batch loss); after an out-of-memory error, halve the micro-batches and start over.
-        The normalisers are the mini-batch's over all ranks: the ranks' losses add up to the loss
-        of the whole mini-batch, and their gradients are summed (FSDP2 with divide factor 1)."""
+        """Forward and backward every micro-batch of a mini-batch; after an out-of-memory error, halve
+        the micro-batches and start over. The normalisers are global, so the ranks' losses add up to
+        the whole mini-batch's (gradients summed: FSDP2 divide factor 1)."""
         local = torch.tensor([sum(mb.completion_tokens + mb.aside_tokens for mb in part),
                               sum(mb.rows + mb.aside_rows for mb in part)], dtype=torch.float64)
         tokens, seqs = self.collective.sum_(local).tolist()
@@ -198,8 +183,7 @@ class Trainer:
         self._optimizer_step(norm)
         if self.working is not None:
             self.working.refresh()
-        # The update is applied: the gradients are not needed again until the next backward, and
-        # a full model's worth of them would stay resident through generation.
+        # Freed now, or a full model's worth of gradients stays resident through generation.
         self.optimizer.zero_grad(set_to_none=True)
         step.norms.append(norm)
         step.updates += 1
@@ -257,9 +241,7 @@ class Trainer:
         total = read_back(step, self.collective)  # over all ranks
         mbs = [mb for part in packed for mb in part if not mb.filler]
         real, padded, positions, count, aside = self._global_counts(mbs)
-        # train_positions: what the forward computed (shared prompts once, a tree's distinct prefixes),
-        # against padding_frac's padded rows, the layout the loss reads; aside_samples: left out of
-        # the forward and backward (zero advantage: trainer/batching.py).
+        # train_positions: what the forward computed in its layout; padding_frac: of the padded rows.
         return {**step_figures(total, step.updates), "lr": self.scheduler.get_last_lr()[0], "train_tokens": real,
                 "train_positions": positions, "padding_frac": 1.0 - real / padded, "micro_batches": count,
                 "aside_samples": aside, "skipped_updates": self.skipped_updates, "oom_retries": self.oom_retries}

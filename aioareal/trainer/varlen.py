@@ -1,20 +1,12 @@
 """A micro-batch's sequences concatenated into one row, for variable-length attention.
 
-The padded layout computes rows x longest-row positions; here the micro-batch's real tokens go
-through the model as one row (1, T), positions restarting at 0 for each sequence, with the
-cumulative sequence lengths (`cu_seqlens`) that tell the attention where each sequence starts.
-The model call passes them on to the attention function as transformers' `cu_seq_lens_q/k` and
-`max_length_q/k` keyword arguments; `models/attention.py` attends within each sequence only: a
-varlen flash kernel on CUDA (`torch.nn.attention.varlen`), a block-diagonal causal mask elsewhere.
-No FLOPs go to padding, in the matmuls or in attention.
+The real tokens go through the model as one row (1, T), positions restarting at 0 per sequence,
+with `cu_seqlens` passed to the attention as transformers' `cu_seq_lens_q/k` and `max_length_q/k`;
+models/attention.py attends within each sequence (a varlen flash kernel on CUDA, a block-diagonal
+mask elsewhere), so no FLOPs go to padding. Built on the host: `target_index` picks the position
+predicting each completion token, in `loss_mask`'s order, so the loss is unchanged.
 
-Everything is built on the host with the micro-batch, so the device learns the layout by
-non-blocking copies and nothing is read back: `target_index` picks, from the row's hidden states,
-the position that predicts each completion token, in the same row-major order as the padded
-layout's `loss_mask`, so the loss downstream is unchanged.
-
-Used where the shared-prompt layout is not (trainer/shared_prompts.py: under torchrun, with
-gradient checkpointing, with compiled layers): where it applies, computing each group's prompt
+Used where shared prompts are not (trainer/trainer.py `_choose_layouts`): computing each prompt
 once saves more than dropping padding does.
 """
 from __future__ import annotations
@@ -54,9 +46,7 @@ def build_varlen(samples: list[Sample]) -> VarlenRows:
         ids.extend(row)
         positions.extend(range(len(row)))
         starts.append(len(ids))
-        # Position t predicts token t + 1: the completion's tokens are predicted from the prompt's
-        # last position on.
-        first = start + len(s.prompt_ids) - 1
+        first = start + len(s.prompt_ids) - 1  # position t predicts token t + 1
         model = s.completion.model_mask()  # episodes: observation tokens are no target
         targets.extend(range(first, first + len(s.tokens)) if model is None
                        else (first + j for j, m in enumerate(model) if m))
@@ -71,11 +61,9 @@ def varlen_to(rows: VarlenRows, device: torch.device) -> VarlenRows:
                       rows.max_len, rows.target_index.to(**put))
 
 
-
 def use_varlen(setting: bool | str, device: torch.device, model: torch.nn.Module) -> bool:
-    """train.varlen (true, false or "auto") -> whether micro-batches take the one-row layout. It
-    needs the model to run the project's attention ("aioareal"), which reads the sequence bounds:
-    any other would attend across sequences."""
+    """train.varlen (true, false or "auto") -> whether micro-batches take the one-row layout. It needs
+    the project's attention ("aioareal"), which reads the sequence bounds: any other attends across."""
     attention = getattr(model.config, "_attn_implementation", None)
     if setting == "auto":
         return varlen_kernel_available(device) and attention == ATTENTION == "aioareal"
