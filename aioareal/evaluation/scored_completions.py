@@ -1,9 +1,13 @@
-"""Completions of an evaluation set on the generation engine, scored by the reward service.
+"""Completions of an evaluation set on the generation engine, scored by the reward service: the one
+scoring path of held-out completions, for the in-run evaluation (run/evaluation.py) and `eval` alike.
 
 The same path as training's (docs/architecture.md#data-flow): prompts go to the batched engine as
 groups (G = 1 greedy, G = n sampled), finished groups go to the reward service, which holds every
 check to its deadline and runs the task's verifier or the user's reward functions as training
-does (`reward.isolation`, `reward.timeout_s`)."""
+does (`reward.functions`, `reward.weights`, `reward.isolation`, `reward.timeout_s`). Every prompt's
+call is made at once, so a reward that hangs costs about one deadline per `reward.workers` prompts
+(with `isolation=process`, one deadline in all: queued jobs expire at their call's deadline), never
+a deadline per prompt."""
 from __future__ import annotations
 
 import asyncio
@@ -12,13 +16,17 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
+from ..config import RewardConfig
+from ..errors import one_line
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..generation.forward import kv_bytes_per_token
 from ..generation.turns import StopStrings
 from ..group import Completion, Example, Group
 from ..loops import run_coroutine
+from ..rewards import build_scorer
 from ..rewards.service import RewardService
+from ..tasks import Task
 
 MAX_SLOTS = 256  # KV-cache slots of one engine: enough to batch a whole small set at once
 # The cache's bound: long prompts (lm-eval's 5-shot GSM8K, about 900 tokens) get fewer slots, so
@@ -74,16 +82,30 @@ def common_prefix(prompts: Sequence[list[int]], least: int = MIN_SHARED_PREFIX) 
     return first[:n] if n >= least else []
 
 
-def score(service: RewardService, decode: Callable[[list[int]], str], completions: list[list[Completion]],
+def held_out_rewards(reward: RewardConfig, task: Task, decode: Callable[[list[int]], str]) -> RewardService:
+    """The reward service that scores held-out completions: training's scorer, functions, weights,
+    isolation, deadline, workers and memory limit. A service apart from training's, so that its
+    failures are the evaluation's to count, and reward functions' values stay out of training's
+    reward/<name> figures."""
+    return RewardService(build_scorer(reward, task, tally=False), decode, reward.workers, reward.timeout_s,
+                         memory_limit_mb=reward.memory_limit_mb)
+
+
+def score(service: RewardService, completions: list[list[Completion]],
           examples: Sequence[Example]) -> tuple[list[list[Scored]], int]:
-    """Every prompt's completions through the reward service (one call per prompt, run concurrently),
-    as training scores a group: the token ids go in (TRL's `completion_ids` for reward functions) and
+    """Every prompt's completions through the reward service (one call per prompt, all at once), as
+    training scores a group: the token ids go in (TRL's `completion_ids` for reward functions) and
     the texts come back decoded. Returns the scored completions and how many checks failed (raised,
     hung or returned garbage: scored 0)."""
+    if getattr(service.scorer, "worker_preload", None) is not None:
+        # Workers still starting (or replacing ones killed at an earlier deadline) are charged to no
+        # check: a call's deadline counts from its start, queued jobs' included.
+        service.pool.wait_ready()
+
     async def one(group: list[Completion], example: Example) -> tuple[list[str], list[float], int]:
         decoded: list[list[str]] = []
         rewards, failures = await service.score([c.tokens for c in group], [example] * len(group), decoded)
-        return (decoded[0] if decoded else [decode(c.tokens) for c in group]), rewards, failures
+        return (decoded[0] if decoded else [service.decode(c.tokens) for c in group]), rewards, failures
 
     async def all_groups() -> list[tuple[list[str], list[float], int]]:
         return await asyncio.gather(*(one(group, ex) for group, ex in zip(completions, examples)))
@@ -92,3 +114,9 @@ def score(service: RewardService, decode: Callable[[list[int]], str], completion
                for text, reward, c in zip(texts, rewards, group)]
               for (texts, rewards, _), group in zip(results, completions)]
     return scored, sum(failures for _, _, failures in results)
+
+
+def failures_line(where: str, failures: int) -> str:
+    """The warning both evaluations give when reward checks failed on held-out completions."""
+    return one_line(f"warning: {where}: {failures:d} reward checks failed (raised, hung past "
+                    "reward.timeout_s or returned garbage) and scored 0")

@@ -29,15 +29,16 @@ def build_task(data: DataConfig, arithmetic: ArithmeticConfig, reward: RewardCon
     return RewardedTask(task, rewards, GuardedCaller(r.timeout_s, r.workers, r.memory_limit_mb), r.isolation)
 
 
-def build_scorer(reward: RewardConfig, task: Task) -> BatchScorer:
-    """The reward service's scorer: the configured reward functions in batch form, else the task's verdict."""
+def build_scorer(reward: RewardConfig, task: Task, tally: bool = True) -> BatchScorer:
+    """The reward service's scorer: the configured reward functions in batch form, else the task's verdict.
+    `tally`: the functions' values go into the metrics' reward/<name> figures (training's, not held-out's)."""
     r = reward
     if r.functions and r.isolation == "process":
         return ProcessRewards(r.functions, r.weights)
     if isinstance(task, RewardedTask):
-        return task.rewards
+        return task.rewards if tally else WeightedRewards(task.rewards.functions, task.rewards.weights, tally=False)
     if r.functions:  # a task built by hand rather than by build_task
-        return WeightedRewards(load_reward_functions(r.functions), r.weights)
+        return WeightedRewards(load_reward_functions(r.functions), r.weights, tally)
     grade = getattr(task, "grade", None)
     if grade is not None:
         from ..grading.verify import SYMBOLIC_MODULE
@@ -47,8 +48,8 @@ def build_scorer(reward: RewardConfig, task: Task) -> BatchScorer:
 
 
 def _item_timeout(reward: RewardConfig, group_size: int) -> float:
-    """The standalone checks' timeout (`task.score`, which evaluation calls outside the reward
-    service): a share of reward.timeout_s per completion, at least a second unless the whole timeout
+    """The standalone checks' timeout (`task.score`, which episodes' evaluation calls outside the
+    reward service): a share of reward.timeout_s per completion, at least a second unless the whole timeout
     is shorter. Training rewards need none: the service's deadline covers the whole group."""
     share = reward.timeout_s / group_size
     return min(reward.timeout_s, max(share, 1.0))

@@ -15,11 +15,12 @@ raises or returns the wrong length or a non-number fails its batch (the reward s
 and counts it); `check` calls every function once on training rows before training starts, so a
 wrong signature or return value is a one-line error instead.
 
-Outside training (`check`, and `RewardedTask.score` in held-out evaluation) the functions are called
-through an `isolation.threads.GuardedCaller`: the reward service's timeout and isolation (threads, or
-worker processes with `reward.isolation=process`), never in-process without a deadline. A function
-that hangs in the check is a one-line error naming it and the timeout; in evaluation it scores 0 and
-is counted (`eval_reward_failures`).
+Held-out completions go through a reward service of their own (evaluation/scored_completions.py),
+as training's do. Outside any service (`check`, and `RewardedTask.score` in episodes' held-out
+evaluation) the functions are called through an `isolation.threads.GuardedCaller`: the reward
+service's timeout and isolation (threads, or worker processes with `reward.isolation=process`), never
+in-process without a deadline. A function that hangs in the check is a one-line error naming it and
+the timeout; in evaluation it scores 0 and is counted (`eval_reward_failures`).
 """
 import copy
 import inspect
@@ -135,17 +136,19 @@ class WeightedRewards:
 
     takes_completion_ids = True  # the reward service passes the completions' token ids (rewards/service.py)
 
-    def __init__(self, functions: list[RewardFunction], weights: list[float] | None = None) -> None:
+    def __init__(self, functions: list[RewardFunction], weights: list[float] | None = None,
+                 tally: bool = True) -> None:
         weights = list(weights) if weights else [1.0] * len(functions)
         if len(weights) != len(functions):
             raise UserError(f"reward.weights has {len(weights)} entries for {len(functions)} reward.functions")
         self.functions, self.weights = functions, weights
+        self.tally = tally  # False for held-out scoring: its values stay out of training's reward/<name> figures
         self._values: dict[str, list[float]] = {fn.name: [] for fn in functions}  # since the last metrics()
         self._values_lock = threading.Lock()
 
     def __call__(self, texts: list[str], examples: list[Example],
                  completion_ids: list[list[int]] | None = None) -> list[float]:
-        return self.with_columns(texts, batch_columns(examples, completion_ids), tally=True)
+        return self.with_columns(texts, batch_columns(examples, completion_ids), tally=self.tally)
 
     def with_columns(self, texts: list[str], columns: dict[str, list[Any]], tally: bool = False) -> list[float]:
         totals = [0.0] * len(texts)

@@ -17,6 +17,7 @@ from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.world import LOCAL, Collective
 from ..errors import UserError, one_line
+from ..evaluation.scored_completions import held_out_rewards
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..group import Example
@@ -283,24 +284,21 @@ def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, t
                     decode: Callable[[list[int]], str], eos: list[int],
                     keep: KeptCompletions | None = None) -> Callable[[], dict[str, float]]:
     """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread), and pass@k
-    with eval.samples; `keep` receives the completions for eval_samples.jsonl."""
+    with eval.samples, scored as `eval` scores (evaluation/scored_completions.py); `keep` receives
+    the completions for eval_samples.jsonl."""
     e = config.eval
     max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
+    rewards = held_out_rewards(config.reward, task, decode)  # one for the run: its worker processes stay warm
 
     def run_eval() -> dict[str, float]:
-        failed_before = getattr(task, "failures", 0)  # reward functions' failures (rewards/reward_functions.py)
-        result = evaluate(model, eval_set, task.score, decode, eos, max_new_tokens, e.samples, e.temperature,
-                          config.run.seed, backend=config.generation.backend)
+        result = evaluate(model, eval_set, rewards, eos, max_new_tokens, e.samples, e.temperature, config.run.seed,
+                          backend=config.generation.backend)
         if keep is not None:
             keep.put(result.rows)
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures,
-                **eval_failures(task, failed_before)}
+        # eval_reward_failures: reward functions' failures, the figure a run with reward.functions has had
+        counted = {"eval_reward_failures": result.failures} if isinstance(task, RewardedTask) else {}
+        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures, **counted}
     return run_eval
-
-
-def eval_failures(task: Task, before: int) -> dict[str, float]:
-    """`eval_reward_failures`: the held-out completions whose reward functions failed in this evaluation."""
-    return {"eval_reward_failures": task.failures - before} if hasattr(task, "failures") else {}
 
 
 def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:

@@ -1,6 +1,6 @@
 """What the run does with each step's report: write the rows, show them, checkpoint on schedule,
-and say when the policy is collapsing. The hooks see plain data (`StepReport`, `RunState`) and a
-few narrow callables, never the parts."""
+and say when the policy is collapsing or held-out reward checks failed. The hooks see plain data
+(`StepReport`, `RunState`) and a few narrow callables, never the parts."""
 from __future__ import annotations
 
 import math
@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import checkpoint
 from ..checkpoint import RunState
+from ..evaluation.scored_completions import failures_line
 from ..orchestrator import StepReport
 
 SaveCheckpoint = Callable[[RunState], Awaitable[None]]
@@ -82,6 +83,8 @@ class RunHooks:
         self.show(report)
         for line in self.collapse.see(report.row):
             self.warn(line)
+        if failed := report.row.get("eval_reward_failures"):  # also counted in the row; said where it is seen
+            self.warn(failures_line(f"held-out evaluation at step {report.step:d}", int(failed)))
         step, every = report.step, self.checkpoint_every
         if report.groups and ((every and step % every == 0) or step == self.steps):
             await self._save(report.state)

@@ -29,6 +29,7 @@ from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
 from ..models.prompt_encoding import PromptEncoder
 from ..models.shapes import SHAPES, build_char_tokenizer
+from ..rewards.service import RewardService, per_item
 from ..tasks.arithmetic import ArithmeticTask
 from ..trainer.objective import Demo, completion_loss
 from .evaluation import EvalSet, evaluate
@@ -194,7 +195,8 @@ def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenize
     its tool (no simulated latency: the warm-start's clock is not the experiment's)."""
     if not config.warmup.calls:
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        return lambda model: evaluate(model, eval_set, task.score, decode, eos, max_new_tokens=8).pass_rate
+        rewards = RewardService(per_item(task.score), decode)  # exact match: bounded, in the service's threads
+        return lambda model: evaluate(model, eval_set, rewards, eos, max_new_tokens=8).pass_rate
     from .rollout import EpisodeSetup, evaluate_episodes
 
     quiet = replace(config, tools=ToolsConfig())

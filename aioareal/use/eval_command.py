@@ -4,7 +4,7 @@ Scores each target (targets.py: a run, a checkpoint, a model) on the held-out pr
 data keys, by each protocol asked for:
 - `zero-shot` (the default): the prompts as training renders them, one greedy completion each, and with
   -n K also K sampled ones, scored by the task's grader through the reward service
-  (evaluation/scored_completions.py), as training scores;
+  (evaluation/scored_completions.py), as training scores and as the in-run evaluation scores;
 - `lm-eval`: GSM8K as lm-evaluation-harness scores it, 5-shot, greedy (evaluation/lm_eval.py).
 Prints one table, the targets side by side (`eval BASE RUN`: before and after), a section per
 protocol; writes every completion to OUT/eval.jsonl and the figures to OUT/figures.json, and prints
@@ -26,13 +26,13 @@ from ..devices import resolve_device
 from ..errors import UserError, guarded, one_line
 from ..evaluation import lm_eval
 from ..evaluation.pass_at_k import PromptVerdicts, answer_reader, completion_figures, ks_up_to, mean_se, sampled_figures
-from ..evaluation.scored_completions import Scored, generate, score
+from ..evaluation.scored_completions import Scored, failures_line, generate, held_out_rewards, score
 from ..generation import SamplingParams
 from ..generation.turns import StopStrings
 from ..io import append_jsonl, atomic_write_text
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..models.prompt_encoding import PromptEncoder
-from ..run.build import build_data, build_rewards, encode_prompts
+from ..run.build import build_data, encode_prompts
 from ..tasks import PromptRenderer
 from .eval_report import Progress, json_line, sections, table
 from .targets import Target, model_source, resolve, target_config
@@ -123,8 +123,7 @@ def run_eval(args: argparse.Namespace) -> int:
                            f"were cut off at {new_tokens} new tokens; raise --max-new-tokens (or eval.max_new_tokens) "
                            "to score whole answers"))
         if column.get("reward_failures"):
-            print(one_line(f"warning: {column['target']}: {column['reward_failures']} reward checks failed (raised, "
-                           "hung past reward.timeout_s or returned garbage) and scored 0"))
+            print(failures_line(column["target"], column["reward_failures"]))
     print(f"completions: {out / 'eval.jsonl'}; figures: {out / 'figures.json'}")
     print(line)
     return 0
@@ -153,7 +152,7 @@ def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_toke
     """The run's own held-out prompts and grader: greedy, and with -n K sampled."""
     task, examples, ids = held_out(config, tokenizer)
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
-    service = build_rewards(config, task, decode)
+    service = held_out_rewards(config.reward, task, decode)  # the in-run evaluation's scoring, too
     phases = [("greedy", 1, SamplingParams(greedy=True, max_new_tokens=new_tokens))]
     if args.n:
         phases.append((f"n={args.n}", args.n, SamplingParams(args.temperature, args.top_p, new_tokens)))
@@ -162,7 +161,7 @@ def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_toke
         progress = Progress(f"{target.label} {phase}", len(examples))
         completions = generate(model, eos, ids, examples, size, params, args.seed, progress)
         progress.close()
-        results[phase], failures[phase] = score(service, decode, completions, examples)
+        results[phase], failures[phase] = score(service, completions, examples)
     service.close()
     read = answer_reader(task)
     verdicts = {phase: [verdicts_of(group, args.pass_threshold, read) for group in scored]

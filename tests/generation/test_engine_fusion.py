@@ -117,10 +117,12 @@ def test_unsafe_projections_are_left_alone(case):
 
 
 def test_evaluation_engine_leaves_the_trainers_model_unfused():
+    from aioareal.rewards.service import RewardService, per_item
     from aioareal.run.evaluation import EvalSet, evaluate
 
     model = tiny()
     pointers = [p.data_ptr() for p in model.parameters()]
-    evaluate(model, EvalSet([None], [PROMPTS[0]]), lambda text, ex: 1.0, str, [1], max_new_tokens=3)
+    evaluate(model, EvalSet([None], [PROMPTS[0]]), RewardService(per_item(lambda text, ex: 1.0), str), [1],
+             max_new_tokens=3)
     assert [p.data_ptr() for p in model.parameters()] == pointers
 

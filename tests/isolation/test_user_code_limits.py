@@ -108,7 +108,6 @@ def test_a_reward_that_hangs_in_evaluation_scores_0_and_is_counted(tmp_path: Pat
     evaluator = build_evaluator(config, tiny(), eval_set, task, lambda ids: "model " + str(ids), [1])
     metrics = within(60, evaluator)
     assert metrics["eval_reward_failures"] == 3 and metrics["eval_pass_rate"] == 0.0
-    assert task.timeouts == 3
 
 
 def test_reward_memory_limit_is_a_config_key() -> None:
