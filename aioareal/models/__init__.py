@@ -1,7 +1,5 @@
-"""Models and tokenizers: hub/local loading, the offline character tokenizer, named shapes.
-
-The loaders are re-exported lazily: importing a light module of this package (local_names, for a
-fresh run's checks before torch loads) does not import torch and transformers."""
+"""Models and tokenizers: hub/local loading, the offline character tokenizer, named shapes. The
+loaders are re-exported lazily, so a light module (local_names) imports without torch."""
 from __future__ import annotations
 
 from typing import Any

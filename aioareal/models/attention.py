@@ -1,16 +1,10 @@
-"""The attention the trainer's Hugging Face models run: SDPA, except short sequences on the CPU.
-
-Registered with transformers as the attention implementation "aioareal" (models load with it).
-On a GPU, and for long sequences anywhere, it is transformers' own SDPA path unchanged. On the CPU,
-when the keys are few (the offline default's prompts and completions are about a dozen tokens),
-it computes attention as two batched matmuls and a softmax, grouping query heads onto their key
-heads instead of repeating the keys: at those lengths torch's CPU flash kernel costs more than the
-arithmetic, so the trainer's step is faster with this path (README, The CPU default run). Results
-equal SDPA's to float rounding (tests/trainer/test_attention.py).
+"""The attention the trainer's Hugging Face models run (registered as "aioareal"): transformers' SDPA
+path, except for few keys on the CPU, where two batched matmuls and a softmax (query heads grouped
+onto their key heads) cost less than torch's CPU flash kernel; results equal SDPA's to rounding.
 
 Sequences packed into one row (trainer/varlen.py) arrive with `cu_seq_lens_q` and attend within
-their own sequence only: torch's varlen flash kernel on CUDA; elsewhere SDPA per sequence on the
-CPU, or one SDPA under a block-diagonal causal mask on a GPU without the kernel.
+their own sequence: torch's varlen kernel on CUDA, SDPA per sequence on the CPU, else one SDPA under
+a block-diagonal causal mask.
 """
 from __future__ import annotations
 
@@ -41,9 +35,8 @@ def short_keys(dtype: torch.dtype) -> int:
 
 
 def compute_dtype(query: torch.Tensor) -> torch.dtype:
-    """The dtype attention's matmuls run in: under CPU autocast (the trainer's bf16 with fp32 master
-    weights) the autocast dtype, though the query arrives in fp32 (rotary embeddings multiply the
-    bf16 projections by fp32 cos/sin tables, and plain multiplication is not autocast)."""
+    """The dtype attention's matmuls run in: under CPU autocast the autocast dtype, though the query
+    arrives in fp32 (rotary embeddings multiply by fp32 tables, which autocast does not cast)."""
     if query.dtype == torch.float32 and torch.is_autocast_enabled("cpu"):
         return torch.get_autocast_dtype("cpu")
     return query.dtype
@@ -84,12 +77,10 @@ def short_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         # are causal from the first key (the keys past them are a static cache's empty slots).
         attention_mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(
             kv_len - 1 if q_len == 1 else 0)
-    # In place on the matmul's output (its backward needs only the inputs), and the softmax in the
-    # scores' own dtype: torch's CPU kernel accumulates a 16-bit row in fp32 and rounds once, as an
-    # fp32 softmax cast back would, without two (b, H, q, k) conversions each way.
+    # In place on the matmul's output (its backward needs only the inputs); the softmax in the scores'
+    # dtype, since torch's CPU kernel accumulates a 16-bit row in fp32 and rounds once anyway.
     if attention_mask.dtype == torch.bool:
-        # The dtype's lowest value, not -inf: a row with no key to attend (padding) then gets finite
-        # weights instead of NaN, and its output is masked out of the loss anyway.
+        # The lowest value, not -inf: a row with no key (padding) gets finite weights, not NaN.
         mask = attention_mask if attention_mask.dim() == 2 else attention_mask[:, :, None]
         scores.masked_fill_(~mask, torch.finfo(scores.dtype).min)
     else:
@@ -120,8 +111,7 @@ def packed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling, enable_gqa=gqa)
             for s, e in zip(bounds, bounds[1:])]
         return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
-    # A GPU without the varlen kernel: one SDPA under the block-diagonal mask (reading the bounds
-    # would sync; the mask costs T x T work, the price of an old torch).
+    # A GPU without the kernel: one SDPA under the block-diagonal mask (reading the bounds would sync).
     mask = block_causal_mask(cu_seqlens, query.shape[2])
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
                                                            enable_gqa=gqa)

@@ -1,17 +1,11 @@
-"""GGUF files as models: each file is dequantized once into a cached safetensors directory.
+"""GGUF files as models: each file (or a directory holding exactly one) is dequantized once
+(gguf_convert.py) into a cached Hugging Face directory that every later load reads, rather than on
+every load by transformers, and no other part of a run cares where the weights came from.
 
-Transformers can load a GGUF file itself, but it dequantizes every tensor on every load, and no
-other part of a run (resume, the weight sync, the reference model) should care where the weights
-came from. So `model.name` pointing at a `.gguf` file (or a directory holding exactly one) is
-converted once (gguf_convert.py) into a plain Hugging Face directory, and every load, in this
-run and the next, reads that directory like any downloaded model.
-
-Entries live in `<cache root>/gguf/<first 16 hex digits of the file's sha256>/`; the root is
-$AIOAREAL_CACHE_DIR, else ~/.cache/aioareal. Keyed by content, not by path or mtime: a file
-replaced by another gets a new entry, a file moved or copied keeps its own. An entry is built in
-a temporary directory beside it and renamed into place only when complete, under a file lock:
-a killed conversion leaves nothing a later run trusts, and concurrent runs (torchrun ranks)
-convert once while the others wait.
+Entries live in `<cache root>/gguf/<first 16 hex digits of the file's sha256>/` (the root is
+$AIOAREAL_CACHE_DIR, else ~/.cache/aioareal), keyed by content. An entry is built in a temporary
+directory and renamed into place when complete, under a file lock: a killed conversion leaves
+nothing a later run trusts, and concurrent runs (torchrun ranks) convert once.
 """
 from __future__ import annotations
 
@@ -40,8 +34,7 @@ def cache_root() -> Path:
 
 
 def gguf_file(name: str) -> Path | None:
-    """The GGUF file `name` points to: a `.gguf` file, or a directory without a config.json that
-    holds exactly one; None for anything else (a hub name, a Hugging Face directory)."""
+    """The GGUF file `name` points to (a `.gguf` file, or a directory without config.json holding one)."""
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():
@@ -81,7 +74,6 @@ def file_digest(path: Path) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _digest(path: str, size: int, mtime_ns: int) -> str:
-    # The loaders call this for the tokenizer and each model copy: hash the file once, streamed.
     sha = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -90,8 +82,7 @@ def _digest(path: str, size: int, mtime_ns: int) -> str:
 
 
 def _complete(entry: Path, digest: str) -> bool:
-    """An entry is trusted once its manifest, written last before the rename, names this file's
-    contents and the current conversion."""
+    """Trusted once its manifest (written last) names this file's contents and the current FORMAT."""
     manifest = entry / MANIFEST
     if not manifest.is_file():
         return False

@@ -1,14 +1,11 @@
-"""One GGUF file into a plain Hugging Face directory: dequantized weights in safetensors, its
-config, generation config and tokenizer (with the chat template the file carries).
+"""One GGUF file into a plain Hugging Face directory: dequantized safetensors weights, config,
+generation config and tokenizer (with the file's chat template).
 
-A GGUF file is data (docs/architecture.md rule 10). The `gguf` package and transformers' GGUF reader parse it
-with `struct` and numpy memory maps: fixed binary records, typed metadata values (numbers,
-strings, arrays), raw tensor bytes that numpy dequantizes. Nothing is unpickled and no Python
-from the file runs; the config is built from a fixed table of known metadata keys, and the chat
-template is a Jinja string that transformers renders in a sandbox, as for any hub tokenizer.
-Transformers is pointed at a fresh directory that holds only a link to the file, so no
-config.json or tokenizer file lying beside the user's GGUF (nor an `auto_map` naming code in
-one) is picked up, and `trust_remote_code` stays off.
+A GGUF file is data (docs/architecture.md rule 10): parsed with `struct` and numpy memory maps,
+nothing unpickled, no Python from the file run; the config comes from a fixed table of metadata
+keys, and the chat template renders in a sandbox. Transformers is pointed at a fresh directory
+holding only a link to the file, so no config.json or tokenizer file beside the user's GGUF (nor
+an `auto_map` naming code) is picked up, and `trust_remote_code` stays off.
 """
 from __future__ import annotations
 
@@ -43,9 +40,8 @@ def convert(path: Path, out: Path) -> None:
             tokenizer = AutoTokenizer.from_pretrained(str(link.parent), gguf_file=str(link),
                                                       trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 - each failure becomes one of the two lines below
-            # A truncated or corrupt file, told apart by parsing it whole (transformers parses it three
-            # times already: a fourth parse up front took 4.7 of SmolLM2's 32.8 s); else an architecture
-            # or tokenizer transformers cannot map, or metadata it cannot make sense of.
+            # A corrupt file is told apart by parsing it whole, only now: up front, a fourth parse
+            # would cost every conversion (docs/log/figures-from-code.md).
             check_readable(path)
             raise UserError(f"{path}: could not convert this GGUF file ({_first_line(e)})") from None
     _as_dense(model).save_pretrained(str(out))  # safetensors, tied embeddings stored once
@@ -55,11 +51,9 @@ def convert(path: Path, out: Path) -> None:
 
 def _keep_tokenizer_metadata(tokenizer: Any, kept: dict[str, str | bool], path: Path) -> None:
     """What transformers' reader drops or may get wrong, from the file's own metadata:
-    - `tokenizer.ggml.pre`, llama.cpp's name for how text is split before the merges ("smollm",
-      "qwen2", ...), kept in tokenizer_config.json (`gguf_pre_tokenizer`, which save_pretrained
-      carries into every checkpoint) so that an export writes the name the model came with;
-    - `tokenizer.ggml.add_bos_token`: the converted tokenizer must put BOS before a text exactly
-      when the file says so (prompt_encoding.py relies on the tokenizer's own behaviour)."""
+    `tokenizer.ggml.pre` (llama.cpp's pre-tokenizer name), kept as `gguf_pre_tokenizer` so an export
+    writes the name the model came with; `tokenizer.ggml.add_bos_token`, which the converted
+    tokenizer must follow (prompt_encoding.py relies on the tokenizer's own behaviour)."""
     pre = kept.get("tokenizer.ggml.pre")
     if isinstance(pre, str) and PRE_NAME.fullmatch(pre):
         tokenizer.init_kwargs["gguf_pre_tokenizer"] = pre
@@ -83,8 +77,7 @@ def require_packages(path: Path) -> None:
 
 
 def check_readable(path: Path) -> None:
-    """Parse the whole header and tensor table: a truncated or corrupt file fails here, in one line
-    naming it, instead of with transformers' numpy reshape error."""
+    """Parse the whole file: a corrupt one fails in one line naming it, not in a numpy reshape."""
     from gguf import GGUFReader
 
     try:
@@ -104,8 +97,8 @@ def _alone(path: Path) -> Iterator[Path]:
 
 
 def _as_dense(model: PreTrainedModel) -> PreTrainedModel:
-    """Forget that the weights came from a quantized file: they are dense tensors now, and the
-    GGUF quantizer's marks would stop `save_pretrained` (and make a reload look for the file)."""
+    """Drop the GGUF quantizer's marks: the weights are dense now, and the marks would stop
+    `save_pretrained` (and make a reload look for the file)."""
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -1,15 +1,12 @@
 """A Hugging Face causal LM directory (a checkpoint's `policy/`) as one GGUF file for llama.cpp and Ollama.
 
-Written with the `gguf` package's `GGUFWriter`, under llama.cpp's names (`token_embd`, `blk.N.attn_q`,
-...), for the architectures whose layout llama.cpp and transformers' GGUF reader agree on: `llama`
-and `qwen2`. Two details follow llama.cpp's converter: a llama model's q/k rows are permuted into
-its rotary layout (transformers' reader undoes this on load; qwen2 is stored as is), and tied
-embeddings write no `output.weight`. Matrices are f16 or q8_0 (rows of 32 values sharing one scale;
-a matrix whose rows do not divide by 32 stays f16); norms and biases stay f32, as llama.cpp wants.
-The tokenizer and chat template go in the metadata (gguf_vocab.py). The file is written beside its
-destination and renamed, so a failed export leaves no half-written GGUF (docs/architecture.md rule 6).
-A killed export cannot remove its temporary file: it is named by the writer's pid, so the next export
-to the same file removes those of writers no longer alive, and refuses while one still is.
+Written with `gguf.GGUFWriter` under llama.cpp's names, for `llama` and `qwen2` (where llama.cpp and
+transformers' reader agree on the layout). As llama.cpp's converter does, llama's q/k rows are
+permuted into its rotary layout and tied embeddings write no `output.weight`. Matrices are f16 or
+q8_0 (rows not divisible by 32 stay f16); norms and biases f32. The tokenizer goes in the metadata
+(gguf_vocab.py). The file is written beside its destination and renamed (docs/architecture.md
+rule 6); a killed export's temporary file, named by its pid, is removed by the next export once
+that pid is dead.
 """
 from __future__ import annotations
 

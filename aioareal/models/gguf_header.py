@@ -1,12 +1,6 @@
-"""A bounded walk over a GGUF file's header before any GGUF reader sees it (docs/reliability.md#bounded-readers).
-
-The `gguf` package's reader (which transformers uses) trusts the counts a header claims: an array
-of 2^60 elements in a 35-byte file makes it grow without limit before anything is checked. Here
-every count and size is checked against the bytes left in the file before it is used, nesting of
-arrays is bounded, and nothing is allocated in proportion to a claimed count: a fixed-size array
-is skipped by arithmetic, a string array is walked one length at a time (each step reads at least
-8 bytes of the file, so the walk is bounded by the file's size). The tensor table is checked the
-same way, and every tensor's data must lie inside the file.
+"""A bounded walk over a GGUF file's header before any GGUF reader sees it (docs/reliability.md#bounded-readers):
+the `gguf` reader trusts claimed counts, so here each is checked against the bytes left before use,
+and nothing is allocated in proportion to one (string arrays are walked at least 8 bytes a step).
 """
 from __future__ import annotations
 
@@ -59,16 +53,14 @@ class _Bounded:
         return self.take(self.u64(f"{what}'s length"), what)
 
 
-# Metadata read out on the way (short strings and bools only): what the conversion keeps beside the
-# tokenizer that transformers' reader drops (gguf_convert.py).
+# Metadata read on the way (short strings and bools) that transformers' reader drops (gguf_convert.py).
 KEPT = {b"tokenizer.ggml.pre": STRING, b"tokenizer.ggml.add_bos_token": BOOL}
 MAX_KEPT_STRING = 64
 
 
 def check_gguf_header(path: Path) -> dict[str, str | bool]:
-    """Walk the header, metadata and tensor table of the GGUF file at `path` within its size;
-    raise a one-line UserError naming the file and the first claim the file cannot hold. Returns
-    the KEPT metadata the file has, by key."""
+    """Walk the file's header, metadata and tensor table within its size (a one-line UserError at the
+    first claim it cannot hold); returns the KEPT metadata it has, by key."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         r = _Bounded(f, size, path)

@@ -1,13 +1,10 @@
 """A Hugging Face tokenizer as GGUF tokenizer metadata (`tokenizer.ggml.*`), as llama.cpp reads it.
 
-Two kinds of vocabulary are written, both as llama.cpp's byte-level BPE (`gpt2`): a byte-level BPE
-tokenizer (Qwen2, SmolLM2, Llama 3, GPT-2) as is, with its merges, and a word-level vocabulary of
-single characters (the offline tiny model's, models/shapes.py) as a BPE without merges, its
-characters spelled in the byte alphabet. Either way every id keeps its token; ids the tokenizer
-leaves unused (embedding rows padded to a multiple, holes) get `[PAD<id>]` placeholders marked
-unused, as llama.cpp's own converter writes them. Specials are control tokens (kept whole); added
-tokens that are not special are user-defined (kept whole too). A sentencepiece vocabulary
-(Llama 2, Mistral) is refused in one line: it needs scores and byte tokens this module does not write.
+Both kinds written are llama.cpp's byte-level BPE (`gpt2`): a byte-level BPE tokenizer (Qwen2,
+SmolLM2, Llama 3) with its merges, and a vocabulary of single characters (models/shapes.py) as a BPE
+with one inert merge, spelled in the byte alphabet. Every id keeps its token; unused ids get
+`[PAD<id>]` placeholders, as llama.cpp's converter writes them; specials are control tokens, other
+added tokens user-defined. Sentencepiece vocabularies (Llama 2, Mistral) are refused.
 """
 from __future__ import annotations
 
@@ -60,9 +57,8 @@ def vocab_of(tokenizer: Any, rows: int) -> Vocab:
 
 
 def _place_inert_merge(tokens: list[str]) -> None:
-    """Give the inert merge its three tokens in unused rows (a GGUF array may not be empty, and
-    llama.cpp wants merges for a BPE vocabulary): bytes 0xF8 and 0xF9 never occur in UTF-8 text,
-    so the merge never fires and every character stays one token."""
+    """Give the inert merge (llama.cpp wants merges for a BPE vocabulary) its three tokens in unused
+    rows: bytes 0xF8 and 0xF9 never occur in UTF-8 text, so it never fires."""
     free = [i for i, t in enumerate(tokens) if t.startswith("[PAD")]
     if len(free) < 3:
         raise UserError("export: a character vocabulary needs 3 unused embedding rows for GGUF's BPE form; "
@@ -125,9 +121,8 @@ def _token_table(tokenizer: Any, rows: int, spell) -> tuple[list[str], list[int]
 
 
 def _pre_name(tokenizer: Any, backend: dict[str, Any], merges: list[str]) -> str:
-    """llama.cpp's name for how text is split before the merges (no merges: any split is the same):
-    the name the model's own GGUF file gave (kept by gguf_convert.py), else recognised from the split
-    regexes of tokenizer.json, else GPT-2's ("gpt-2": llama.cpp refuses the unhyphenated "gpt2")."""
+    """llama.cpp's pre-tokenizer name: the model's own GGUF file's (kept by gguf_convert.py), else
+    recognised from tokenizer.json's split regexes, else "gpt-2" (llama.cpp refuses "gpt2")."""
     text = json.dumps(backend.get("pre_tokenizer"))
     if merges == [INERT_MERGE]:
         return "default"

@@ -1,17 +1,10 @@
 """Load a policy model and tokenizer from a hub name, a local path, a named random shape, or a
 GGUF file or named offline model (converted once to a cached safetensors directory: gguf.py).
+Every path ends in `AutoModelForCausalLM`, so tests exercise the code real models use.
 
-Every path ends in `AutoModelForCausalLM`: the offline tiny model is saved by the warm-start and
-loaded from disk exactly like a downloaded one, so tests exercise the code real models use.
-
-Weights load from safetensors only, unless `model.allow_pickle`: a `*.bin` file is a pickle, and
-unpickling a file someone else produced can run their code. A local directory with only pickle
-weights is refused up front, naming the file, and so is one holding a PEFT adapter whose weights
-are a pickle (`adapter_model.bin`), which transformers would load onto the model; a hub repository
-cannot be listed offline, so for a hub name `use_safetensors=True` makes transformers refuse
-instead (an adapter there loads through peft's `torch.load(weights_only=True)`, safe from torch 2.6
-on, the floor in pyproject.toml). `trust_remote_code` (the model's own Python files) is off unless
-the config turns it on.
+Weights load from safetensors only, unless `model.allow_pickle` (unpickling can run code): local
+pickles are refused up front naming the file, hub ones by transformers (`use_safetensors=True`);
+`trust_remote_code` is off unless the config turns it on (docs/reliability.md#security, #adapters).
 """
 from __future__ import annotations
 
@@ -77,10 +70,9 @@ def _major_version() -> int:
 
 
 def resolve_source(name: str) -> str:
-    """What transformers loads for `name`: a named offline model (named.py), a `.gguf` file or a
-    directory holding one load from their converted, cached safetensors directory (gguf.py), so
-    every caller (engine, trainer, reference model, bench) reads plain safetensors; any other name
-    is itself. A LoRA adapter directory loads as its base with the adapter merged (merged_adapter.py)."""
+    """What transformers loads for `name`: a named offline model or a GGUF file their converted,
+    cached safetensors directory (gguf.py); a LoRA adapter directory its base with the adapter merged
+    (merged_adapter.py); any other name itself."""
     source = named_gguf(name) or gguf_file(name)
     if source:
         return str(cached_gguf(source))
@@ -117,9 +109,8 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
 
 
 def _saved_as_is(name: str) -> bool:
-    """A local directory whose tokenizer was saved as a plain tokenizer.json (the tiny model's character
-    tokenizer, a converted GGUF's): AutoTokenizer would rebuild it as the model type's class
-    (Qwen2Tokenizer from vocabulary and merges), losing its own pre-tokenizer (spaces, newlines)."""
+    """A local tokenizer saved as a plain tokenizer.json (the character tokenizer, a converted GGUF's),
+    which AutoTokenizer would rebuild as the model type's class, losing its pre-tokenizer."""
     path = Path(name)
     config = path / "tokenizer_config.json"
     if not (config.is_file() and (path / "tokenizer.json").is_file()):
@@ -164,8 +155,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
 
 def attention_for(config: Any) -> str:
     """The project's attention (models/attention.py) for model classes built on transformers'
-    attention interface; the others (Falcon, MPT, Bloom: each picks its attention from a fixed table
-    or has one) load with SDPA or their eager attention, which the trainer then keeps padded."""
+    attention interface; the others (Falcon, MPT, Bloom) load with SDPA or eager attention."""
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if model_class is None or getattr(model_class, "_supports_attention_backend", True):
         return ATTENTION
@@ -174,11 +164,9 @@ def attention_for(config: Any) -> str:
 
 def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int = 0, *,
                  build_on_device: bool = False) -> PreTrainedModel:
-    """A model of a named shape with random weights. Its weights are drawn on the CPU, so the same
-    seed gives the same weights wherever the model then goes (a run's generator and trainer may sit
-    on different devices). `build_on_device` draws them on `device` instead: the same seed then gives
-    the same weights on that device only, and a GPU bench does not wait for the host to initialize
-    a model twice over (docs/log/2026-11-h200-session.md)."""
+    """A model of a named shape with random weights, drawn on the CPU so the same seed gives the same
+    weights on any device. `build_on_device` draws them on `device` (the same weights on that device
+    only), sparing a GPU bench the host's initialization (docs/log/2026-11-h200-session.md)."""
     if shape not in SHAPES:
         raise UserError(f"model.name 'random:{shape}': unknown shape (known: {', '.join(SHAPES)})")
     tokenizer = build_char_tokenizer()
@@ -191,8 +179,7 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int
     return model.to(device)
 
 
-# The chat templates' end-of-turn tokens (ChatML's, Gemma's, Llama 3's, Phi-3's): a model in a chat ends its
-# reply with one, which is not always its tokenizer's EOS (Gemma 3's is <eos>, its turns end <end_of_turn>).
+# Chat end-of-turn tokens (ChatML, Gemma, Llama 3, Phi-3): not always the tokenizer's EOS (Gemma 3's is <eos>).
 END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
 
 
@@ -214,8 +201,7 @@ def _refuse_pickle_only(name: str) -> None:
     path = Path(name).expanduser()
     if not path.is_dir() or any(path.glob("*.safetensors")):
         return
-    # The names transformers loads pickle weights from (shards and variants included); other .bin
-    # files, such as a Trainer's training_args.bin, are never loaded and need no refusal.
+    # The names transformers loads pickle weights from; other .bin files (training_args.bin) are never loaded.
     pickles = sorted(path.glob("pytorch_model*.bin")) + sorted(path.glob("pytorch_model*.bin.index.json"))
     if pickles:
         raise UserError(f"model.name '{name}': {pickles[0]} holds pickle weights and there is no *.safetensors "
@@ -245,9 +231,8 @@ def _refuse_pickle_shards(name: str) -> None:
 
 def _refuse_pickle_adapter(name: str) -> None:
     """A local directory with a PEFT adapter whose weights are only a pickle is an error naming the
-    file: with peft installed, transformers loads any adapter it finds beside a model (and a
-    checkpoint's `policy/` is such a directory), through peft, which unpickles `adapter_model.bin`
-    when no `adapter_model.safetensors` is there (docs/reliability.md#adapters)."""
+    file: transformers loads any adapter beside a model through peft, which unpickles
+    `adapter_model.bin` when no safetensors is there (docs/reliability.md#adapters)."""
     path = Path(name).expanduser()
     if not (path / "adapter_config.json").is_file() or (path / "adapter_model.safetensors").exists():
         return
@@ -263,8 +248,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def checkpoint_activations(model: PreTrainedModel) -> None:
-    """Recompute each layer's activations in the backward (model.gradient_checkpointing), through
-    transformers' current name for it where it has one: the old name warns on every run."""
+    """model.gradient_checkpointing, by transformers' current name where it has one (the old warns)."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable({"use_reentrant": False})

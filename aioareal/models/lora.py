@@ -1,22 +1,8 @@
-"""LoRA training through peft (extra `aioareal[lora]`): only rank-r adapters train, the base stays frozen.
-
-Where each part of the run sees the adapters:
-
-- **Trainer**: `wrap` injects peft's LoRA layers into the Hugging Face model and freezes the rest;
-  the trainer keeps the injected HF model (`PeftModel.get_base_model()`), so its forward, the
-  chunked log-probs and the evaluator's engine run unchanged, and the optimizer holds only the
-  adapters. On CUDA the frozen base stays in the compute dtype (bf16): there is no fp32 master
-  copy of it, no gradient and no Adam state, only the adapters (fp32, peft's default).
-- **KL reference**: `AdaptersOff`, the same modules with the adapters switched off for the
-  reference's forward (`PeftModel.disable_adapter`): the frozen base, with no second copy.
-- **Generator**: never runs peft. `LoraSync` (weightsync/merged_lora.py) merges `W + (alpha/r) * B @ A` per
-  adapted matrix on the trainer's side (`merged_weight`) and copies it into the engine's own
-  weights in place; the other parameters never change after the start.
-- **Checkpoints**: `save_adapter` writes the adapter in PEFT format (`adapter/`, loads with
-  `PeftModel.from_pretrained(base, path)`); `save_merged` writes the merged policy as a plain HF
-  model (`policy/`, as full fine-tuning does). A resume loads the base plus `adapter/`.
-
-peft is imported only when a run asks for LoRA (`model.lora_rank > 0`): it takes seconds to import.
+"""LoRA training through peft (extra `aioareal[lora]`): only rank-r adapters train, the base stays
+frozen (docs/architecture.md#lora-part-by-part). `wrap` injects the adapters and the trainer keeps
+the injected HF model; `AdaptersOff` is the KL reference; `merged_weight` is what the generator
+receives (weightsync/merged_lora.py); `save_adapter` and `save_merged` write the checkpoint's two
+forms. peft is imported only when a run asks for LoRA: it takes seconds to import.
 """
 from __future__ import annotations
 
@@ -77,15 +63,14 @@ def _wrap(peft: Any, model: PreTrainedModel, config: ModelConfig | None, adapter
 
 
 def portable_name(name: str) -> bool:
-    """Whether model.name loads the same model on another machine with the project installed: a named
-    offline model, a seeded random one, an adapter directory (named.py, merged_adapter.py), not a cache
-    path."""
+    """Whether model.name loads the same model on another machine (a named or random model, an adapter
+    directory), not a cache path."""
     return name in NAMED or name.startswith(RANDOM_PREFIX) or adapter_dir(name) is not None
 
 
 class AdaptersOff:
-    """The KL reference as the trainer calls it (`.model(...)`, `.lm_head`): the policy's own
-    modules with the adapters switched off, i.e. the frozen base the run started from."""
+    """The KL reference as the trainer calls it (`.model(...)`, `.lm_head`): the policy with its
+    adapters switched off."""
 
     def __init__(self, peft_model: Any) -> None:
         self.peft = peft_model
@@ -93,8 +78,7 @@ class AdaptersOff:
         self.lm_head = self.inner.lm_head  # never adapted: the targets are the blocks' projections
 
     def model(self, **inputs: Any) -> Any:
-        # Only the trainer's thread runs the trainer's modules (the reference, the update and the
-        # evaluation take turns there), so switching the adapters off here races with nothing.
+        # Only the trainer's thread runs these modules, so switching the adapters off races with nothing.
         with self.peft.disable_adapter():
             return self.inner.model(**inputs)
 

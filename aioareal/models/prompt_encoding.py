@@ -1,20 +1,12 @@
 """Prompt text into token ids the way the model's own tokenizer forms them (docs/models.md#prompts).
 
-Many tokenizers put special tokens before every text by themselves: Gemma's and Llama 3 base
-models' a BOS, which their weights saw at the start of every pretraining document. A prompt
-encoded without it is a text the model never saw begin that way, and real weights answer it with
-garbage (Gemma 3 270M: "91+86=" -> "86+86+86"); random weights do not care, so only real models
-show it. One rule, for training, warm-up, evaluation, chat and episodes alike:
-
-- a raw prompt (a `{field}` template, a plain column, a chat without a template) gets the ids the
-  tokenizer puts before a text (`special_prefix`), once: not again when the text already starts
-  with them (a prompt written with a literal `<bos>`);
-- a chat-templated prompt is encoded as rendered: the template writes the specials it wants
-  (Gemma's and Llama 3's render BOS), as transformers' `apply_chat_template(tokenize=True)` does;
-- a continuation (an episode's observation, a tool's output, a completion) gets none.
-
-Nothing is ever added after a prompt: a tokenizer that appends EOS to a text (add_eos_token) would
-end the prompt before the model's answer.
+Many tokenizers put a BOS before every text (Gemma, Llama 3 base), and real weights answer a prompt
+without it with garbage. One rule, everywhere:
+- a raw prompt gets the ids the tokenizer puts before a text (`special_prefix`), once (not again
+  when the text already starts with them);
+- a chat-templated prompt is encoded as rendered: the template writes the specials it wants;
+- a continuation (an observation, a tool's output, a completion) gets none.
+Nothing is added after a prompt: an appended EOS would end it before the model's answer.
 """
 from __future__ import annotations
 
@@ -59,8 +51,8 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def check(self, text: str, ids: list[int], templated: bool) -> str | None:
-        """One line naming how `ids` (the prompt `text` as the run encoded it) differ from the
-        tokenizer's own encoding of that text; None when they agree (the start-up check)."""
+        """One line naming how `ids` (`text` as the run encoded it) differ from the tokenizer's own
+        encoding; None when they agree (the start-up check)."""
         own = self.tokenizer.encode(text, add_special_tokens=not templated)
         if templated and self.prefix and own[:len(self.prefix)] != self.prefix:
             return (f"the chat template renders no {self._names(self.prefix)} at the start, which the tokenizer "

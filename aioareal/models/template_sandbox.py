@@ -1,20 +1,10 @@
 """The sandbox chat templates render in: Jinja's immutable sandbox, with every operation that can
-make a value much larger than its inputs sized before it runs (docs/reliability.md#bounded-readers).
-
-A step count (chat_template.py) bounds loops, but one expression is one step: `n ** (n ** 8)` runs
-for minutes, `'x' * 10**9` or `s|replace('x', s)` takes gigabytes, and Jinja folds constant
-expressions while compiling, before any count starts. So the operators that multiply (`*`, `**`,
-`%`), the filters, every call the template makes (a string's `.ljust`, `.replace`, `.join`,
-`.format`), the `~` operator, block captures and the output itself are checked here: a result
-estimated past MAX_VALUE_CHARS characters (or an integer past MAX_INT_BITS) is refused before it
-is made, and every value made is counted against MAX_WORK_CHARS per render, so the time a render
-takes is bounded by the characters it may make, not by what an expression asks for. Intercepted
-operators are also what stops Jinja from folding them at compile time; filters that fold still run
-through the guard. A refusal is a `TemplateTooCostly` (a BaseException: neither Jinja nor
-transformers turn it into something else), which chat_template.py words as one line.
-
-The environment is a twin of transformers' own (`twin_of`): the same options, extensions, filters
-and globals, so a real template renders exactly as transformers renders it.
+make a value much larger than its inputs sized before it runs (docs/reliability.md#bounded-readers),
+since one expression is one step of chat_template.py's count. A result past MAX_VALUE_CHARS (an
+integer past MAX_INT_BITS) is refused before it is made, and all values made count against
+MAX_WORK_CHARS per render. Intercepted operators are not folded at compile time. A refusal is a
+`TemplateTooCostly` (a BaseException, so neither Jinja nor transformers rewrap it). The environment
+is a twin of transformers' own (`twin_of`), so real templates render as there.
 """
 from __future__ import annotations
 
@@ -49,9 +39,8 @@ def budget() -> ContextVar[list[int] | None]:
 
 
 def weigh(value: Any, cap: int = MAX_VALUE_CHARS) -> int:
-    """About how many characters `value` takes as text, strings and containers counted through (a
-    list of a thousand references to one long string is a thousand times that string); counting
-    stops past `cap`, so weighing is itself bounded. Everything counts at least 1."""
+    """About how many characters `value` takes as text, counted through containers (a thousand
+    references to one string weigh a thousand strings); stops past `cap`. Everything counts at least 1."""
     total, stack = 0, [value]
     while stack and total <= cap:
         x = stack.pop()
@@ -136,8 +125,7 @@ def _format_size(fmt: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
 
 
 def _growth(name: str, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """The string operations (a method, or the filter of that name) whose result can be far larger
-    than their inputs and their integer arguments, sized before they run."""
+    """String operations (methods or filters) that can far outgrow their inputs, sized before they run."""
     if name == "replace" and len(args) >= 2 and isinstance(args[0], (str, bytes)):
         old, new = args[0], args[1]
         times = len(owner) + 1 if not old else owner.count(old)
@@ -177,8 +165,7 @@ def _filter_size(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str,
 
 
 def guarded_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Filter `fn` sized before it runs and counted after; it keeps `fn`'s Jinja attributes (what it
-    is passed), so the compiled template calls it as it would `fn`."""
+    """Filter `fn` sized before it runs and counted after, keeping `fn`'s Jinja attributes."""
     passes = getattr(fn, "jinja_pass_arg", None) is not None
 
     @functools.wraps(fn)
@@ -213,9 +200,8 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     @classmethod
     def twin_of(cls, env: ImmutableSandboxedEnvironment) -> BoundedEnvironment:
-        """An environment configured as `env` (Jinja's overlay copies its options and binds its
-        extensions to the copy), its filters guarded and `lipsum` (text of any length on request)
-        dropped from its globals."""
+        """An environment configured as `env` (Jinja's overlay), its filters guarded and `lipsum` (text
+        of any length on request) dropped."""
         twin = env.overlay()
         twin.__class__ = cls
         twin.filters = {name: guarded_filter(name, fn) for name, fn in env.filters.items()}
