@@ -1,8 +1,6 @@
 """Where each `\\boxed{}` (or `\\fbox{}`) of a text opens and closes, in one pass over its braces.
-
-A box that holds another box is a wrapper (`\\boxed{\\boxed{18}}`): only boxes with no box inside
-count as answers. The last box opened is the completion's final box; if it never closes (a
-completion cut off at its token limit), the final answer is unfinished.
+Only boxes with no box inside count as answers; the last box opened is the final one, unfinished if
+it never closes (a completion cut off at its token limit).
 """
 from __future__ import annotations
 

@@ -1,27 +1,12 @@
-"""Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it.
+"""Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it:
+the last answer it commits to (the rules, with examples: docs/rewards.md#which-answer-is-final).
 
-The final answer is the last one the completion commits to. In order of how explicit the commitment is:
-1. the final `\\boxed{}` (`\\fbox{}`), the last one opened: earlier boxes are intermediate results or
-   answers corrected since ("First I thought \\boxed{20}, but ... \\boxed{18}" reads 18);
-2. a `####` marker followed by a number, GSM8K's gold format (`#### Step 2: Revenue`, `#### Final
-   Answer` and `#### 1. Eggs` are markdown headings, not answers);
-3. the last "the answer is ..." / "answer: ..." phrase that is not negated ("the answer is not simply
-   16; ... so she makes 18" reads 18), up to the end of its sentence (or the next line when the
-   phrase ends its line);
-4. the last number of the final statement: the last sentence with a number once trailing checks,
-   notes and asides are cut off (`trailers`); of a numbered list, its last item (not the item's
-   number); of a text cut off mid-sentence at its token limit, that unfinished sentence, or nothing.
-   A number named only to reject it is not the answer ("12 apples, not 15" reads 12; "... $12. Not
-   15." skips the sentence that only rejects).
-Prose after 1-3 replaces the answer only when it commits again: a later answer phrase ("\\boxed{24}
-... Wait, I forgot the 2 she gives away. The answer is 26." reads 26), or a retraction ("wait",
-"oops", "I forgot", "recheck", ...) followed by a new final statement. A check after the answer
-("\\boxed{18}. Check: 9 + 3 + 4 = 16 ✓") changes nothing. No answer (scores 0): a final box that is
-empty or never closed, boxes offered as alternatives (`\\boxed{18} or \\boxed{19}`, `\\boxed{18},
-\\boxed{19}`, `\\boxed{18} or maybe 19`). What the answer says is then read by `numbers.read_span` /
-`numbers.read_last`. Every step is linear in the length of the text: the box scan is one pass over
-the braces, markers and phrases are found by scans that never revisit characters, no pattern has two
-adjacent quantifiers that can take the same characters, and only the last `MAX_CHARS` are read.
+By how explicit the commitment is: 1. the final `\\boxed{}` (the last one opened); 2. a `####` marker
+followed by a number (not a heading); 3. the last answer phrase that is not negated; 4. the last number
+of the final statement (trailers cut off: `trailers`). Prose after 1-3 replaces the answer only when
+it commits again (a later answer phrase, or a retraction followed by a new final statement). What the
+answer says is read by `numbers.read_span` / `numbers.read_last`. Every step is linear in the text,
+and only the last `MAX_CHARS` are read (docs/reliability.md#the-grader).
 """
 from __future__ import annotations
 
@@ -48,8 +33,7 @@ _MARKER_START = re.compile(r"[\s*]*+(?:\\?\$\s*+)?(?:[-\u2212]\s*+)?(?:\\?\$\s*+
 _ONLY_REJECTS = re.compile(r"[\s*_(\-—–]*+(?:(?:and|but)\s++)?(?:not|never)\b(?!\s++(?:only|just)\b)", re.I)
 _TURN = re.compile(r"[;,]|\b(?:but|so|instead|rather)\b", re.IGNORECASE)  # after a negation: a new statement
 _BREAKS = (". ", ".\n", "! ", "? ", "\n")
-# Every rule below is linear in the text (no two adjacent quantifiers can take the same characters:
-# possessive `*+` where they could), and the text is capped first (docs/reliability.md#the-grader).
+# No two adjacent quantifiers can take the same characters (possessive `*+` where they could).
 MAX_CHARS = 8192  # 4-5 times the longest GSM8K completion of a 1,024-token budget
 _CAP_ALIGN = 64
 _SPAN_LIMIT = 300  # an answer phrase or marker line longer than this is not one answer
@@ -78,8 +62,7 @@ class Found:
 
 
 def find_answer(text: str) -> Found | None:
-    """The answer `text` commits to last, or None when it commits to none. Only the last `MAX_CHARS`
-    characters are read (`capped`); `end` is in the whole text's terms."""
+    """The answer `text` commits to last, or None; `end` is in the whole text's terms."""
     text, offset = capped(text)
     text = text.replace("\u2212", "-")
     for find in (_boxed, _hashes, _phrase):
@@ -92,9 +75,8 @@ def find_answer(text: str) -> Found | None:
 
 def capped(text: str) -> tuple[str, int]:
     """The last `MAX_CHARS` characters of `text` (from a space or line break in the first
-    `_CAP_ALIGN` of them, so no number is read cut in half), and where they start in `text`.
-    The final answer is the last commitment, so it lies in the tail; the cap bounds the work per
-    completion, whatever a policy writes (docs/reliability.md#the-grader)."""
+    `_CAP_ALIGN` of them, so no number is cut in half), and where they start in `text`. The final
+    answer is the last commitment, so it lies in the tail."""
     if len(text) <= MAX_CHARS:
         return text, 0
     cut = len(text) - MAX_CHARS
@@ -119,8 +101,7 @@ def normalize_number(s: str) -> str | None:
 
 
 def box_contents(text: str) -> list[str]:
-    """Contents of every closed `\\boxed{}` that holds no other box, in order (one pass over the braces;
-    an unclosed box is skipped)."""
+    """Contents of every closed `\\boxed{}` that holds no other box, in order."""
     return [box.text(text) for box in scan(text)[0]]
 
 
@@ -155,8 +136,7 @@ def _alternatives(text: str, leaves: list[Box], reading: Reading) -> bool:
 
 def _revised(text: str, found: Found) -> Found:
     """`found`, unless prose after it commits again: a later answer phrase, or a retraction followed
-    by a new final statement. A check or note after the answer ("Wait, let me double-check: ...") is
-    no retraction."""
+    by a new final statement (a check after the answer is no retraction)."""
     if found.void or found.end >= len(text):
         return found
     later = _phrase(text, found.end)
@@ -183,9 +163,8 @@ def _hashes(text: str) -> Found | None:
 
 
 def _phrase(text: str, start: int = 0) -> Found | None:
-    """The last answer phrase of `text[start:]` that is not negated. Found from the end by `rfind` (C
-    speed; a case-insensitive regex scan of the whole text is ten times slower), each spelling's
-    search resuming where it stopped, so the whole search is linear."""
+    """The last answer phrase of `text[start:]` that is not negated, found from the end by `rfind`
+    (far faster than a case-insensitive regex scan), each spelling resuming where it stopped: linear."""
     found = [text.rfind(word, start) for word in _ANSWER]  # each spelling's last place, searched back once
     while (i := max(found)) >= 0:
         k = found.index(i)
@@ -203,8 +182,7 @@ def _phrase(text: str, start: int = 0) -> Found | None:
 
 
 def _phrase_span(text: str, start: int) -> tuple[str, int]:
-    """From the phrase to the end of its sentence (the next line when the phrase ends its line), and
-    where that ends."""
+    """The phrase's span to its sentence's end (the next line's, when it ends its line), and that end."""
     window = text[start:start + _SPAN_LIMIT]
     end = _SENTENCE_END.search(window)
     span = window[:end.start()] if end else window
@@ -233,9 +211,9 @@ def _last_statement(text: str) -> Found | None:
 
 
 def _final_statement(text: str) -> tuple[int, int] | None:
-    """Where the final statement is: the last sentence of a text cut off mid-sentence (it committed to
-    nothing else), the last item of a numbered list, else the last sentence with a number that is not
-    a question ("Is that 9 × 2?" states nothing; a few are skipped, then nothing is)."""
+    """Where the final statement is: the unfinished last sentence of a text cut off mid-sentence, the
+    last item of a numbered list, else the last sentence with a number that is not a question (a few
+    are skipped, then nothing is)."""
     end = len(text.rstrip())
     if end and (text[end - 1].isalpha() or text[end - 1] in _CUT_OFF):
         return _sentence_start(text, end), end

@@ -1,13 +1,8 @@
 """LaTeX and typography reduced to the plain text a grader reads: `clean("1{,}080\\text{ cm}^{2}")`
-is "1,080 cm^2".
-
-What survives is what decides a number: digits, separators, signs, `/`, `^`, `%`, `$`, operators as
-single characters (`×`, `·`, `÷`, `≈`, `≤`, `≥`, `±`) and words. `\\text{}` and its relatives keep
-their contents; `{,}`, `\\,`, `\\ `, `~` and no-break or thin spaces become plain spaces (so `1\\,080`
-reads like `1 080`); `\\frac{a}{b}` with numeric arguments becomes `a/b` (`2\\frac{1}{2}` becomes
-`2 1/2`, a mixed number); `²` becomes `^2`; the unicode minus becomes `-`. Commands we do not know
-(`\\sqrt`, `\\pi`) stay, so a formula still looks like a formula. Every step is a `str.replace` or a
-regex that cannot backtrack, so cleaning is linear in the length of the text.
+is "1,080 cm^2". What survives is what decides a number: digits, separators, signs, `/`, `^`, `%`,
+`$`, operators as single characters, and words; text macros keep their contents, LaTeX spaces become
+plain ones, numeric `\\frac{a}{b}` becomes `a/b`. Unknown commands (`\\sqrt`) stay, so a formula still
+looks like one. Every step is a `str.replace` or a regex that cannot backtrack: linear.
 """
 from __future__ import annotations
 

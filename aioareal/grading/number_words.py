@@ -1,12 +1,9 @@
-"""Numbers written in words, read as a careful grader reads them: "one hundred twenty" is 120, "two
-thousand five hundred" 2500, "twelve hundred" 1200, "seventeen and a half" 17.5, "three quarters" 0.75
-(signs, "negative three", are the caller's: `numbers`).
+"""Numbers written in words: "one hundred twenty" is 120, "twelve hundred" 1200, "seventeen and a
+half" 17.5, "three quarters" 0.75 (signs are the caller's: `numbers`).
 
-`read_words(t, pos)` parses the longest number phrase that starts at `pos` and says where it ends,
-so the caller can judge what follows (units, a hedge, an operator) as it does for numerals. The
-parser is a small state machine over the words, one regex match per word, so it is linear in the
-phrase; `last_words(t)` finds the last number phrase of a sentence the same way, skipping a lone
-"one" (in prose it is a pronoun more often than a count: "each one costs $2").
+`read_words(t, pos)` parses the longest number phrase at `pos` and says where it ends, by a small state
+machine over the words (one regex match per word: linear); `last_words(t)` finds a sentence's last
+number phrase, skipping a lone "one" (in prose more often a pronoun: "each one costs $2").
 """
 from __future__ import annotations
 
@@ -25,10 +22,9 @@ _HALF = re.compile(r" and (?:a|one) half(?![A-Za-z])", re.I)
 # Where a number phrase may start in prose (a word boundary, then a cardinal or "a hundred").
 START = re.compile(r"(?<![A-Za-z])(?:" + "|".join(sorted([*_UNITS, *_TENS], key=len, reverse=True))
                     + r"|a (?=hundred|thousand|million|billion))(?![a-z])", re.I)
-# START for scanning a whole sentence, on its ASCII-lowercased copy (same length, so the same indices):
-# a pattern that opens with a lookbehind (or matches case-insensitively) is tried at every position,
-# one that opens with alternative words is searched at C speed for their first letters only; the
-# lookbehind's check is then done on the few matches (`last_words`).
+# START for scanning a sentence's ASCII-lowercased copy (same indices): without the lookbehind and
+# the case-insensitive flag the regex engine skips ahead to the words' first letters; the lookbehind
+# is checked on the few matches (`last_words`).
 _LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _SCAN = re.compile("(?:" + "|".join(sorted([*_UNITS, *_TENS], key=len, reverse=True))
                    + r"|a (?=hundred|thousand|million|billion))(?![a-z])")

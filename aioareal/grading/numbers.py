@@ -1,21 +1,11 @@
-"""Reading a written answer as a number, the way a careful grader does.
+"""Reading a written answer as a number, the way a careful grader does (docs/rewards.md#reading-the-answer).
 
-An answer is a numeral (`numerals.NUMBER`: `1,080`, `.5`, `2 1/2`, `1.45 million`), a number in words
-(`number_words`: "one hundred twenty", "seventeen and a half"), or a quantity in units that pair
-(`quantities`: "18 dollars and 50 cents", "3 hours 20 minutes", which also matches 18.5 and 1850, or
-10/3 and 200). What surrounds it decides whether it is an answer:
-
-- before it, decoration is fine (`$`, `about`, `USD`), a sign word negates it (`negative 3`, `minus
-  3`, but `20 minus 3` is a difference), and a bound is a hedge (`at least 18`, `≥ 18`);
-- right after it, alternatives, ranges and lists are hedges (`18 or 19`, `18-20`, `18, 19`,
-  `18 or more`, `18+`, `eighteen or nineteen`), an operator makes it part of a formula (`18 - 2`,
-  `5x`, `20 minus 3`; `$18/day` is a rate, not a division), anything else is units or prose
-  (`18 m^2`, `18 dollars per day`, `18 because ...`);
-- an equation is read at the side it concludes with (`\\frac{4}{20} = 20\\%` is 20%), unless prose
-  comes before its `=` (`18 because 9 × 2 = 18` is a reason, not an equation).
-
-A hedge is never equal to anything. Numbers past Python's integer digit limit raise `NumberTooLong`
-(`numerals`). Every pattern is linear in its input (no unbounded repetition after an optional prefix).
+An answer is a numeral (`numerals`), a number in words (`number_words`) or a quantity in paired units
+(`quantities`). What surrounds it decides whether it is one: before it, decoration is fine, a sign
+word negates it and a bound is a hedge; right after it, alternatives, ranges and lists are hedges,
+an operator makes it part of a formula (`$18/day` is a rate), anything else is units or prose; an
+equation is read at the side it concludes with, unless prose comes before its `=`. A hedge equals
+nothing. Every pattern is linear in its input (no unbounded repetition after an optional prefix).
 """
 from __future__ import annotations
 
@@ -114,10 +104,8 @@ def leading(t: str) -> Reading | None:
 
 
 def read_last(sentence: str) -> Reading:
-    """The last number of a sentence (a numeral, a number in words or a quantity in paired units),
-    unless it is hedged, one of a list, or ends in `=`. A last number named as the alternative the
-    sentence rejects ("12 apples, not 15", "12 rather than 15") is not the answer: the number before
-    the rejection is (read once more, so two passes at most)."""
+    """The last number of a sentence, unless it is hedged, one of a list, or ends in `=`. A last number
+    the sentence rejects ("12 apples, not 15") is passed over for the one before (two passes at most)."""
     t = clean(sentence)
     plain = re.sub(r"\([^()]*\)", " ", t)  # "so she makes 18 dollars (9 × 2)": the 18
     if plain != t and (NUMBER.search(plain) or last_words(plain)):

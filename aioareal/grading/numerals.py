@@ -1,12 +1,8 @@
-"""Numerals and their exact values: `NUMBER` recognises one written numeral in cleaned text
-(`latex.clean`): a sign, a currency symbol, digits with thousands separators (`1,080`, `1 080`) and
-decimals (`.5` too), then at most one of a mixed fraction (`2 1/2`), a fraction (`36/2`), scientific
-notation (`1.2e3`, `1.45 × 10^6`) or a power (`2^10`), then a scale (`1.45 million`, `18k`) and `and a
-half`. `value(m)` is the exact Fraction it denotes; `canonical` writes one back.
-
-Numbers longer than Python's integer digit limit raise `NumberTooLong` (a ValueError) instead of
-being compared: the reward service counts it as an error. The pattern is linear in its input (no
-unbounded repetition after an optional prefix).
+"""Numerals and their exact values: `NUMBER` recognises one written numeral in cleaned text (a sign,
+a currency symbol, digits with separators and decimals, then at most one of a mixed fraction, a
+fraction, scientific notation or a power, then a scale and `and a half`); `numeral_value(m)` is its
+exact Fraction, `canonical` writes one back. Numbers past Python's integer digit limit raise
+`NumberTooLong` (a ValueError the reward service counts). The pattern is linear in its input.
 """
 from __future__ import annotations
 

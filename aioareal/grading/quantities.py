@@ -1,11 +1,7 @@
-"""Quantities written in two or more units that pair: "18 dollars and 50 cents", "$18 and 50 cents",
-"3 hours 20 minutes", "5 feet 6 inches", "2 lb 3 oz", "1 hour, 20 minutes and 30 seconds".
-
-Such a quantity is one answer, not a list: a careful grader accepts it in any unit it is written in
-(18.5 dollars or 1850 cents; 10/3 hours or 200 minutes), since the grader does not know which unit
-the question asked for, and each value is the same quantity. Units must fall in size within one
-dimension ("20 minutes 3 hours" is no quantity); anything else is left to the caller (a list, a
-hedge, prose). One regex match per unit, so reading is linear in the text.
+"""Quantities written in units that pair ("18 dollars and 50 cents", "3 hours 20 minutes"): one
+answer, not a list, accepted in any unit it is written in (18.5 dollars or 1850 cents), since the
+grader does not know which the question asked for. Units must fall in size within one dimension.
+One regex match per unit: linear.
 """
 from __future__ import annotations
 
@@ -52,8 +48,7 @@ class Quantity:
 
 
 def read_quantity(text: str, currency: str = "", pos: int = 0) -> Quantity | None:
-    """The paired units that follow a number ending at `pos` in `text`, or None. `currency`: the
-    symbol written before the number ("$18 and 50 cents")."""
+    """The paired units after a number ending at `pos`, or None; `currency`: the symbol before it."""
     if currency and currency in _CURRENCY:
         units = ["dollars"]
     else:

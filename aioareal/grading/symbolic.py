@@ -1,9 +1,6 @@
-"""The symbolic check, run inside reward worker processes (`isolation/pool.py`), never in the trainer's.
-
-math-verify (sympy) decides answers the numeric fast path cannot (`2 \\cdot 9`, `\\sqrt{324}`,
-`x + 1`), but sympy may run without bound (`9^{9^{9}}`) while holding the GIL, so this module is
-only imported by workers, which the pool kills on timeout. math-verify's own timeouts are off: they
-use `signal.alarm`, and the one timeout that counts is the reward service's.
+"""The symbolic check (math-verify), imported only by reward worker processes (`isolation/pool.py`):
+sympy may run without bound while holding the GIL, and the pool kills workers on timeout.
+math-verify's own timeouts (`signal.alarm`) are off: the reward service's is the one that counts.
 """
 from __future__ import annotations
 

@@ -1,24 +1,19 @@
-"""What follows a completion's final statement and is no part of it: a verification ("Check: 18 / 2 =
-9, 9 + 3 + 4 = 16 ✓"), a note ("Note: her ducks lay 16 eggs"), a parenthesised aside, a sign-off
-("Let me know if you need problem 2!"). Their last number is not the answer, so when the answer is
-read from the final sentence, `strip_trailers` cuts them off first.
+"""What follows a completion's final statement and is no part of it: a verification, a note, a
+parenthesised aside, a sign-off. When the answer is read from the final sentence, `strip_trailers`
+cuts them off first.
 
-A trailer starts a line or a sentence with one of the headings below (a check word needs a colon or
-a line of its own: "Check: ...", "### Verification"; "Check how many are left" is a step) and runs
-to the end of the text.
-It is cut only if something with a digit comes before it, and only if it contains no word that
-concludes or corrects ("so", "therefore", "answer", "not", "wrong", ...): a check that finds a
-mistake and states a new result ("Check: 9 × 2 = 18, not 20. So she makes $18.") is the final
-statement, not a trailer. An aside is a parenthesised group that ends the text and follows a
-sentence end. Each step is one regex scan or one backward scan over what it removes: linear.
+A trailer starts a line or sentence with one of the headings below (a check word needs a colon or a
+line of its own: "Check how many are left" is a step) and runs to the end. It is cut only after
+something with a digit, and only if it holds no word that concludes or corrects (a check that finds a
+mistake and states a new result is the final statement). An aside is a parenthesised group ending
+the text after a sentence end. Each step is one forward or backward scan: linear.
 """
 from __future__ import annotations
 
 import re
 
-# A heading's words are found first (a scan that skips ahead fast), then checked to start a line or a
-# sentence (`_LEAD`, over the few characters before them): a pattern that opened with the lookbehinds
-# would try them at every position of every completion.
+# A heading's words are found first, then checked to start a line or sentence (`_LEAD`): a pattern
+# opening with the lookbehinds would try them at every position.
 _WORDS = re.compile(
     r"(?:check(?:ing)?|verif(?:y|ication|ying)|double[- ]?check(?:ing)?|sanity check)"
     r"[ \t]*+(?:\*+[ \t]*+)?(?:[:—]|\n|$)|"

@@ -1,22 +1,15 @@
 """Math answer equivalence: a numeric fast path in-process, math-verify in a worker process.
 
-Both sides are reduced to their final answer first (`answers.find_answer`; math-verify run on a
-whole GSM8K gold solution misreads 4 of the 1,319 test items, docs/architecture.md#reference-facts). `grade`
-decides in-process whenever both answers read as numbers (compared as exact fractions to 6
-decimal places, absolute: a relative 1e-6 would accept 1450001 for GSM8K's 1,450,000, test item
-611), and whenever the completion has no single answer (none, a hedge, an empty final box). Only a
-formula (`2 \\cdot 9`, `\\sqrt{324}`) or a symbolic gold needs math-verify: `grade` hands that back
-as a `Deferred` check, which the reward service runs in its worker pool under its timeout.
+Both sides are reduced to their final answer first (math-verify on a whole gold solution misreads
+some: docs/architecture.md#reference-facts). `grade` decides in-process when both read as numbers
+(exact fractions to 6 decimal places, absolute: a relative 1e-6 would accept 1450001 for GSM8K's
+1,450,000) or the completion has no single answer; a formula or a symbolic gold comes back as a
+`Deferred` check for the reward service's worker pool. `math_equal` and `grade_now` are the
+standalone forms, with the process-wide pool and failures counted in `verify_failures()`.
 
-`math_equal` and `grade_now` are the standalone forms (evaluation, TRL, custom tasks): they run
-the deferred checks in the process-wide pool with a timeout of their own and count failures in
-`verify_failures()`.
-
-A reference answer is read once (`_gold` is cached, its failures included) and never at length: a
-solution ending in `####`/`\\boxed` is read from its last `MAX_CHARS` as a completion is, and a bare
-answer longer than MAX_REFERENCE_CHARS is no answer (`ReferenceTooLong`, a failure the reward
-service counts). Without that, a reference of megabytes cost about a second of CPU per graded
-completion, with the GIL held in the reward thread (issue 49).
+A reference answer is read once (`_gold` is cached, failures included) and never at length: a
+solution from its last `MAX_CHARS`, a bare answer refused past MAX_REFERENCE_CHARS
+(`ReferenceTooLong`, a counted failure), since a huge one costs CPU with the GIL held per completion.
 """
 from __future__ import annotations
 
@@ -46,11 +39,9 @@ def verify_failures() -> int:
 
 
 def grade(gold: str, completion: str) -> float | Deferred:
-    """1.0 / 0.0 when decided by reading numbers, else a Deferred symbolic check.
-
-    `gold` is a bare answer ("18", "\\frac{3}{4}") or a solution ending in `#### N` / `\\boxed{N}`.
-    Raises ValueError (numbers.NumberTooLong) for a number past Python's integer digit limit, and
-    `ReferenceTooLong` for a bare `gold` past MAX_REFERENCE_CHARS.
+    """1.0 / 0.0 when decided by reading numbers, else a Deferred symbolic check. `gold` is a bare
+    answer or a solution ending in `#### N` / `\\boxed{N}`. Raises ValueError (numbers.NumberTooLong)
+    past Python's integer digit limit, `ReferenceTooLong` for a bare `gold` past MAX_REFERENCE_CHARS.
     """
     gold_text, g, failure = _gold(gold)
     if failure is not None:
@@ -95,8 +86,7 @@ def gold_answer(gold: str) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def reference_number(answer: str) -> str | None:
-    """`normalize_number(answer)` for a reference answer, read once per answer; a reference past
-    MAX_REFERENCE_CHARS is not one number (and is not read)."""
+    """`normalize_number(answer)` for a reference, cached; none past MAX_REFERENCE_CHARS (not read)."""
     return normalize_number(answer) if len(answer) <= MAX_REFERENCE_CHARS else None
 
 
@@ -138,8 +128,7 @@ def grade_now(golds: list[str], completions: list[str], timeout_s: float = 5.0) 
 
 
 def grade_batch(golds: list[str], completions: list[str]) -> list[float | Deferred | None]:
-    """`grade` for a batch without running anything deferred (a worker process's job: `bench reward`
-    shards completions over worker processes); None where a number passed the digit limit."""
+    """`grade` for a batch, nothing deferred run (`bench reward`'s workers); None past the digit limit."""
     out: list[float | Deferred | None] = []
     for gold, completion in zip(golds, completions):
         try:
