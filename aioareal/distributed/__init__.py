@@ -1,3 +1,2 @@
-"""torch.distributed primitives: `world` (ranks, process groups, timeouts), `env` (torchrun's
-variables), `reduce` (global sums), `sharding` (FSDP2, gathers). The run's wiring on top of them lives
-in `run/`; the sharded checkpoints in `checkpoint/`."""
+"""torch.distributed primitives: `world` (ranks, process groups, timeouts, global reductions), `env`
+(torchrun's variables), `sharding` (FSDP2, gathers). The run's wiring on top lives in `run/`."""

@@ -1,20 +1,11 @@
-"""The trainer's model across ranks: FSDP2 (`fully_shard`), and the ways back to full weights.
+"""The trainer's model across ranks: FSDP2 (`fully_shard`), and the ways back to full weights
+(docs/architecture.md#scale-out-rank-by-rank).
 
-Every rank loads the whole policy (its generator needs it anyway), then `shard_policy` keeps only
-its 1/N of each parameter: one FSDP2 unit per decoder layer (the classes the model lists in
-`_no_split_modules`), and the root unit (the `TokenLogprobs` module: embeddings, final norm, LM
-head) around them. AdamW then holds only this rank's shards of its moments. On CUDA the unsharded
-parameters are bf16 during forward and backward and gradients are reduced in fp32, with fp32 master
-shards (`MixedPrecisionPolicy`); on the CPU (gloo) everything stays fp32. FSDP2 runs on gloo in
-torch 2.13, so the CPU path is the same code as the GPU path, tested in CI.
-
-Gradients are summed across ranks, not averaged (divide factor 1): each rank's loss is already
-normalised by the global token and sequence counts (`Trainer.accumulate`), so the sum is the
-gradient of the whole batch.
-
-Full weights come back by gathering (`DTensor.full_tensor`, an all-gather per parameter, in the
-same order on every rank): into the generator's staging buffer (weightsync), and into `Mirror`, a
-plain copy of the model that evaluation and the Hugging Face export read.
+Every rank loads the whole policy, then `shard_policy` keeps 1/N of each parameter: one FSDP2 unit
+per decoder layer and a root unit (`TokenLogprobs`: embeddings, final norm, head). Gradients are
+summed across ranks, not averaged (divide factor 1): each rank's loss is already normalised by the
+global counts, so the sum is the whole batch's gradient. Full weights come back by gathering, in the
+same order on every rank: into the generator's staging buffer (weightsync), and into `Mirror`.
 """
 from __future__ import annotations
 
@@ -66,10 +57,8 @@ def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class Mirror:
-    """A plain, unsharded copy of the trainer's model, refreshed from the shards on demand: held-out
-    evaluation runs the generation engine on it and rank 0 exports it in Hugging Face format. It
-    costs one more fp32 copy of the weights per rank (the shards alone cannot run the engine, whose
-    step counts differ between ranks)."""
+    """A plain, unsharded copy of the trainer's model, refreshed from the shards on demand, for held-out
+    evaluation's engine (whose step counts differ between ranks) and rank 0's export."""
 
     def __init__(self, model: nn.Module) -> None:
         """`model` not yet sharded: the copy starts with its weights."""

@@ -1,13 +1,6 @@
-"""`python -m aioareal.distributed.torchrun ARGS`: torchrun, with its store listening only where
-you point it (docs/reliability.md#the-rendezvous-store).
-
-torch's TCPStore (2.13 included) listens on every interface, IPv4 and IPv6, whatever host the
-endpoint names: `torchrun --nproc-per-node 2` on a laptop serves an unauthenticated store to the
-whole network. TCPStore can instead serve a socket handed to it (`master_listen_fd`), so here every
-store torchrun starts as the server gets a socket bound to its own host name's address: 127.0.0.1
-for a single-machine job, the named address for a multi-node one. When that address is loopback,
-gloo's and NCCL's own sockets are kept on the loopback interface too (GLOO_SOCKET_IFNAME,
-NCCL_SOCKET_IFNAME, unless already set). Everything else is torchrun's, arguments included.
+"""`python -m aioareal.distributed.torchrun ARGS`: torchrun, with every store it serves bound to its
+host's address (`master_listen_fd`) instead of every interface, and for a loopback address gloo's and
+NCCL's sockets kept on loopback too (why: docs/reliability.md#the-rendezvous-store).
 """
 from __future__ import annotations
 

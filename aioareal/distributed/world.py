@@ -1,19 +1,12 @@
-"""This process's place in a torchrun job, and the few collectives the run itself makes.
+"""This process's place in a torchrun job, and the few collectives the run itself makes. Without
+torchrun's variables this is the single-process cell: `World()`, rank 0 of 1, torch.distributed
+never initialised.
 
-torchrun starts one process per rank and sets RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous
-address in its environment. Without those variables this is the single-process cell: `World()`,
-rank 0 of 1, and torch.distributed is never initialised, so `python -m aioareal` runs exactly as it
-did before scale-out existed.
-
-Two process groups, each used from one thread at a time, in the same order on every rank:
-  - the default group (NCCL on CUDA, gloo on the CPU) carries the trainer's tensors: FSDP2's
-    all-gathers and reduce-scatters, the loss normalisers, the weight gather, evaluation sums and
-    checkpoint barriers. Only the trainer's thread uses it.
-  - `control`, always gloo, carries Python objects: the startup decisions (`main_decides`, on the
-    main thread before the event loop starts) and then each step's report, the stop decision and
-    the checkpoint counters, on a thread of its own (`RankHooks`), so a rank waiting for the others
-    never blocks its event loop and its generator keeps going.
-Both are created with `dist.timeout_s`: a collective that waits longer fails instead of hanging.
+Two process groups, each used from one thread at a time, in the same order on every rank: the
+default group (NCCL on CUDA, gloo on the CPU) carries the trainer's tensors, on the trainer's thread
+only; `control` (gloo) carries Python objects: start-up decisions (`main_decides`) and then each
+step's report, stop decision and counters on a thread of its own (`RankHooks`), so waiting for other
+ranks never blocks the event loop. Both time out after `dist.timeout_s` instead of hanging.
 """
 from __future__ import annotations
 
@@ -32,8 +25,7 @@ T = TypeVar("T")
 
 
 class RankError(UserError):
-    """A collective failed on this rank: another rank died, or stalled past dist.timeout_s. Printed as one
-    line naming the rank (torchrun's summary names the rank that failed first); exit code 4."""
+    """A collective failed on this rank: another rank died, or stalled past dist.timeout_s (exit code 4)."""
 
     exit_code = 4
 
@@ -67,9 +59,8 @@ class World:
         return out
 
     def main_decides(self, fn: Callable[[], T]) -> T:
-        """Run `fn` on rank 0 only and hand every rank its result: a decision that reads or changes
-        the run directory (which checkpoint to resume, whether the run exists) is made once, so no two
-        ranks can see the files in different states. A user error on rank 0 is raised on every rank."""
+        """Run `fn` on rank 0 only and hand every rank its result, so a decision that reads or changes
+        the run directory is made once. A user error on rank 0 is raised on every rank."""
         if not self.distributed:
             return fn()
         box: list[Any] = [None]
@@ -115,8 +106,7 @@ def init(timeout_s: float, backend: str = "auto", device: torch.device | None = 
 
 
 def teardown(clean: bool) -> None:
-    """Leave the job. After a clean run the ranks meet once more, so none exits while another still
-    writes; after a failure they do not (the others may be gone): exiting is enough."""
+    """Leave the job; after a clean run the ranks meet once more, so none exits while another writes."""
     global _current
     if not _current.distributed:
         return
@@ -144,11 +134,9 @@ def rank_error(world: World, error: BaseException) -> RankError:
 
 
 # -- global reductions for the trainer: what makes a step on N ranks the step on one ------------------
-# Each rank trains its own B / N groups, but the loss normalisers (tokens and sequences of a
-# mini-batch), the step's statistics and the number of micro-batches are global: summed, or the
-# maximum, over ranks. `LOCAL` is the single-process case and changes nothing; `Global` all-reduces
-# over the default group on the trainer's thread (the tensors go through the trainer's device, which
-# NCCL needs).
+# The loss normalisers, the step's statistics and the micro-batch counts are summed (or maximised)
+# over ranks. `LOCAL` changes nothing; `Global` all-reduces over the default group through the
+# trainer's device (which NCCL needs).
 class Collective(Protocol):
     size: int  # ranks taking part
 

@@ -1,27 +1,17 @@
 """Weight sync from the trainer's master weights to the generator's copy (docs/architecture.md rule 5).
 
-`publish` (trainer thread) copies every parameter into a staging buffer on the generator's device
-with non-blocking copies on a dedicated stream, records an event and bumps the version. `apply`
-(generator thread, between two engine steps) makes the generator's stream wait on that event and
-copies staging into the live parameters in place (`param.copy_`, never rebinding: CUDA graphs hold
-raw pointers). Neither side waits on the host.
+`publish` (trainer thread) copies every parameter into a staging buffer on the generator's device,
+non-blocking on a dedicated stream, records an event and bumps the version. `apply` (generator
+thread, between engine steps) makes the generator's stream wait on that event and copies staging into
+the live parameters in place (never rebinding: CUDA graphs hold raw pointers). Neither side waits on
+the host. Staging lets the trainer publish without waiting for the generator's step boundary (a
+whole batch away in one-step mode) while the generator never sees half a model.
 
-Why a staging buffer: the trainer must never wait for the generator to reach a step boundary (in
-one-step mode that is a whole batch away), and the generator must never see half a model. Staging
-gives both: a version is all parameters or none, and each side moves at its own pace. The cost is
-one extra copy of the generator's weights in its dtype, and a same-device copy when adopting.
-
-Unstaged (`staged=False`): where the two sides run on one thread and in sync mode (run/build.py),
-the generator is idle with nothing in flight whenever the trainer publishes, and it adopts before
-its next step, so `publish` writes the live parameters directly and `apply` only moves the
-version. The staging copy (0.27 GB for a 135M bf16 generator) then never exists: it would be
-resident through every training step's peak (docs/log/2026-11-memory-4gib.md).
-
-On the CPU the copies are synchronous and streams are no-ops; a lock orders the two threads.
-
-Under torchrun the trainer's parameters are FSDP2 shards (DTensors): `publish` gathers each one
-whole (`full_tensor`, an all-gather on the trainer's stream, every rank in the same order) just
-before its copy, so the gather never holds more than one full parameter beyond the staging buffer.
+Unstaged (`staged=False`, one thread in sync mode: run/build.py): the generator is idle at every
+publish and adopts before its next step, so `publish` writes the live parameters and no staging copy
+sits through the training step's peak (docs/log/2026-11-memory-4gib.md). On the CPU copies are
+synchronous and a lock orders the two threads. Under torchrun each FSDP2 shard is gathered whole
+(`full_tensor`, every rank in the same order) just before its copy: one full parameter at a time.
 """
 from __future__ import annotations
 
@@ -52,8 +42,7 @@ class WeightSync:
         self._buffers([dst[n] for n in src], self.src[0].device, staged)
 
     def _buffers(self, dst: list[torch.Tensor], train_device: torch.device, staged: bool = True) -> None:
-        """The generator's tensors to write, one staging buffer each (or the tensors themselves,
-        unstaged), the stream and the versions."""
+        """The generator's tensors, their staging buffers (themselves, unstaged), stream and versions."""
         self.dst = dst
         self.staged = staged
         self.staging = [torch.empty_like(p, device=p.device) for p in self.dst] if staged else list(dst)
@@ -109,10 +98,9 @@ class WeightSync:
             s.copy_(_full(p))
 
     def release(self) -> None:
-        """Unstaged: free the generator's weights until the next `publish` writes them whole (sync
-        mode's training step, which they would otherwise sit through: 0.27 GB of SmolLM2 in bf16).
-        The storages shrink to nothing in place, so every view of them (the engine's fused
-        projections, tied weights) sees the new weights once `publish` has grown them back."""
+        """Unstaged: free the generator's weights through sync mode's training step, until `publish`
+        writes them whole. The storages shrink in place, so every view of them (fused projections,
+        tied weights) sees the new weights once `publish` has grown them back."""
         if self.staged or self.released:
             return
         storages = {p.untyped_storage().data_ptr(): p.untyped_storage() for p in self.dst}
@@ -122,8 +110,7 @@ class WeightSync:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """The generator's weights back, equal to the trainer's masters, after a `release` that no
-        publish followed (a training step that failed); a no-op otherwise."""
+        """The generator's weights back after a `release` no publish followed (a failed step)."""
         if self.released:
             self._stage_host()
 
@@ -138,9 +125,8 @@ class WeightSync:
                 for s, p in zip(self.staging, self.src):
                     s.copy_(p, non_blocking=True)  # casts fp32 master -> generator dtype on the way
             return
-        # Shards: gather each parameter on the trainer's stream, then copy it on the copy stream once
-        # the gather has landed; `_publish_cuda` then makes the trainer's stream wait for the copies,
-        # so the next optimizer step cannot change a shard while a copy still reads what it gathered.
+        # Shards: gathered on the trainer's stream, copied once the gather has landed; `_publish_cuda`
+        # then makes the trainer's stream wait for the copies before the next optimizer step.
         train_stream = torch.cuda.current_stream(self.train_device)
         for s, p in zip(self.staging, self.src):
             full = _full(p)

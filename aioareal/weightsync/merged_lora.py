@@ -1,15 +1,9 @@
 """Weight sync for LoRA training: the generator runs plain merged weights, never peft.
 
-Same contract as `WeightSync` (`pending`, `publish(version)`, `apply(stream)` -> (version, event)),
-so the workers need no change; what differs is what gets staged. Per adapted matrix, `publish`
-computes the merged weight `W + (alpha/r) * B @ A` on the trainer's device (fp32 sum, cast to the
-generator's dtype) and stages only those matrices; embeddings, norms, biases and unadapted
-matrices are the base's and never change after the start, so they are never copied. `apply` copies
-staging into the engine's own tensors in place (`param.copy_`: CUDA graphs hold raw pointers).
-
-Cost: a publish moves the adapted matrices (for Qwen2.5-0.5B with every projection adapted, 358M
-of 494M parameters; `bench train --lora-rank` prints the bytes) and computes one rank-r product
-per matrix. Merging on the trainer's side keeps peft out of the engine's hot loop entirely.
+`WeightSync`'s contract; only what is staged differs: per adapted matrix, `publish` computes
+`W + (alpha/r) * B @ A` on the trainer's device (fp32 sum, cast to the generator's dtype). The other
+parameters are the base's and never change, so they are never copied. Merging on the trainer's
+side keeps peft out of the engine's hot loop (`bench train --lora-rank` prints the bytes moved).
 """
 from __future__ import annotations
 
