@@ -1,13 +1,9 @@
 """Text <-> tokens for episodes: what a model turn says, and how the world's answer is written.
 
-With raw prompts (the tiny model's `347*582=`) an observation is appended as its text. With chat
-prompts it is written as the tokenizer's chat template writes a message of its role: the template
-renders [user, assistant(SENTINEL), {role: text}] with the generation prompt, and what follows
-the sentinel is the observation: the assistant turn's end, the tool's message, the next assistant
-header (for SmolLM2: `<|im_end|>\n<|im_start|>tool\n56088<|im_end|>\n<|im_start|>assistant\n`).
-Where the model's own turn already ended with that end (it stopped at EOS), the overlap is not
-written twice. A template that cannot render a role (it raises) falls back to role "user", then
-to the raw text; `check` tries both at build time, so a run says which up front.
+After raw prompts an observation is appended as its text. After chat prompts it is what the chat
+template writes after an assistant turn (SENTINEL) for a message of its role: the turn's end, the
+message, the next assistant header; an end the model already wrote (EOS) is not written twice. A
+template that cannot render the role falls back to "user", then to the raw text (`check` says which).
 """
 from __future__ import annotations
 

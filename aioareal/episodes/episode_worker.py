@@ -1,20 +1,11 @@
-"""The generator for episodes in training (docs/architecture.md rule 9): the engine's worker thread,
-driven by the turns the episodes ask for. It keeps the GenerationWorker contract, so admission, the
-oldest-first buffer and staleness work exactly as for single completions: a group is G episodes of
-one example, handed back when the last one has returned.
+"""The generator for episodes in training (docs/episodes.md#the-engine-serves-turns): the engine's
+worker thread, driven by the turns episodes ask for, under the GenerationWorker contract (a group is
+G episodes of one example, handed back when the last has returned).
 
-`submit` starts the group's episodes (coroutines on the event loop); `step` hands their asks to the
-engine (between two engine steps, on the loop's thread, while the engine's thread is idle), runs one
-engine step on that thread, and wakes the episodes whose turns ended. While every episode waits on
-the world (a tool, a user), the engine has nothing to do: `busy` is False and the orchestrator
-waits until an episode asks for a turn or a group finishes (`on_work`), instead of spinning. Busy
-time is the engine's alone, so `gen_idle_frac` shows how long the generator waited on the world.
-
-Slots: a group's episodes that have not asked for their first turn yet hold its G places
-(`free_slots`), so async admission does not over-admit in the moment before they start; later
-turns take a slot only while they decode. `in_flight` counts sequences in the engine and episodes
-under way (from their first model token), so sync and one-step adopt a new version only between
-batches, as they do for groups.
+`step` hands the episodes' asks to the engine between two engine steps, runs one, and wakes the
+episodes whose turns ended. While every episode waits on the world, `busy` is False and the
+orchestrator waits for `on_work` instead of spinning. Episodes that have not asked for their first
+turn hold their group's places (`free_slots`), so async admission does not over-admit.
 """
 from __future__ import annotations
 
@@ -29,8 +20,7 @@ from .runner import EpisodeRunner
 
 
 class EngineSide(Protocol):
-    """What the worker drives: the orchestrator's `EngineWorker` (orchestrator/workers.py), one engine
-    step at a time on the engine's thread."""
+    """What the worker drives: the orchestrator's `EngineWorker`, one step at a time on its thread."""
 
     engine: Any
 
@@ -88,9 +78,8 @@ class EpisodeWorker:
 
     @property
     def in_flight(self) -> int:
-        # An episode counts from its first model token: one that has only observed so far holds no
-        # token of any version, and counting it would keep sync from ever adopting a new version
-        # when every episode observes before its first turn (its groups then all go stale).
+        # From an episode's first model token: counting one that has only observed would keep sync
+        # from ever adopting a new version when every episode observes first.
         return len(self.engine.running) + sum(1 for g in self.groups.values() for s in g.samples
                                               if len(s.tokens) > s.completion.obs_tokens)
 
@@ -136,10 +125,8 @@ async def stored_rewards(group: Group) -> tuple[list[float], int]:
 
 
 # -- episodes on the calling thread ------------------------------------------------------------------
-# Evaluation and tests drive an engine on the calling thread instead of `EpisodeWorker`'s generator
-# thread. `drive` runs on an event loop of its own (evaluation runs it with `asyncio.run` on the
-# trainer's thread): between engine steps the episodes run; while none of them needs the engine (all
-# waiting on tools) it waits for the next ask instead of spinning.
+# Evaluation and tests step an engine on the calling thread, under an event loop of their own; while
+# no episode needs the engine, `drive` waits for the next ask instead of spinning.
 async def drive(engine: Engine, queue: TurnQueue, runs: list[Awaitable[Any]]) -> list[Any]:
     """Run `runs` (a runner's `run_group` calls) to their ends, stepping `engine` for their turns."""
     tasks = [asyncio.ensure_future(run) for run in runs]

@@ -4,10 +4,9 @@
     gen.observe(await gen.call("calculator", expr))  # the world answers: observation tokens, no loss
     return await gen.score(final_answer)           # the task's reward (or return your own number)
 
-Everything lands in the sample's one record (group.py): the turns' tokens in order, each turn's
-role and text, each tool call. One turn at a time: `turn` and `observe` refuse while a turn is in
-the engine. An episode that stops awaiting a turn (a timeout of its own) leaves the sequence
-running in the engine; the turn is recorded when it ends, and the group is handed on only then.
+Everything lands in the sample's one record (group.py; docs/episodes.md#one-record). One turn at a
+time. An episode that stops awaiting a turn leaves the sequence running in the engine; the turn is
+recorded when it ends, and the group is handed on only then.
 """
 from __future__ import annotations
 

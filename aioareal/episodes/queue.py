@@ -1,12 +1,9 @@
 """The turns episodes ask for, on their way to the engine, and the futures the episodes await.
 
-Episodes run on the event loop; the engine steps on its own thread. An episode's `turn()` only
-queues an ask here; whoever drives the engine (training's `EpisodeWorker`, or `drive` for evaluation,
-both in episode_worker.py) hands the queue to the engine between two steps (`feed`, on the loop's thread while
-the engine's thread is idle) and after each step resolves the futures of the sequences whose turns
-ended (`resolve`). Asks that can share a prefill are merged into one request: the first turns of a
-group's G episodes (the same prompt, no history) with the same stop strings and budget, which is
-the plain group's one prefill copied into G slots.
+An episode's `turn()` only queues an ask; the engine's driver (episode_worker.py) hands them over
+between two steps (`feed`) and resolves the futures of ended turns after each (`resolve`). The first
+turns of a group's episodes with the same stops and budget merge into one request: one prefill, as a
+plain group's.
 """
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
-"""Running a group's episodes: G coroutines of one example, each filling its sample (docs/architecture.md rule 9).
+"""Running a group's episodes: G coroutines of one example, each filling its sample (docs/episodes.md).
 
-An episode is any async callable `episode(example, gen) -> float | None` (a function, or a class
-instantiated once with no arguments whose instances are such callables), named by import path
-like reward functions (`data.episode=path/to/env.py:my_episode`). It returns its reward, or None
-for the task's verdict on its last model turn. Whatever an episode does wrong is counted
-(`episode_errors`) and scores 0, and the run goes on: it raises, runs past `timeout_s`, returns
-something that is not a finite number, holds the event loop too long between two awaits (`timed_steps`),
-or ends without a single model turn (that sample is then given one one-token turn, so that its
-record holds a model token like every other; where observations filled the budget, the last of
-them gives up its last token for it).
-
-An episode's steps on the event loop are timed here too (below): one that holds the loop too long
-fails the episode.
+An episode is an async callable `episode(example, gen) -> float | None` (or a class whose instances
+are), returning its reward or None for the task's verdict on its last model turn. Whatever it does
+wrong scores 0, is counted (`episode_errors`) and the run goes on: it raises, runs past `timeout_s`,
+returns no finite number, holds the event loop too long between two awaits (`timed_steps`), or ends
+without a model turn (the sample then gets a one-token turn, so its record holds a model token).
 """
 from __future__ import annotations
 
@@ -34,18 +27,9 @@ Episode = Callable[[Any, EpisodeGen], Awaitable[float | None]]
 
 
 # -- steps -------------------------------------------------------------------------------------------
-# An episode's steps on the event loop, timed: one that holds the loop too long fails the episode.
-#
-# An episode drives the engine through objects of the run's event loop (its turns' futures, the turn
-# queue), so unlike a tool (tools/toolbox.py: a thread and a loop of its own per call) it cannot be moved
-# off that loop. What it does between two awaits runs on the loop itself: a synchronous sleep or a long
-# computation there freezes the whole run while it lasts, and Python can interrupt neither from another
-# thread (nor can a watchdog: an exception it injects is raised only after the blocking call returns).
-# So each step of an episode (from one resumption of its coroutine to its next await, or its end) is
-# timed: a step that held the loop longer than `max_step_s` fails the episode as soon as it yields the
-# loop back (`LoopHeld`: scored 0, counted in episode_errors, its first occurrence shown), so the fault is
-# seen and named rather than only slowing the run. Blocking work belongs in a tool, which runs in a
-# thread under a timeout (docs/reliability.md, user code).
+# An episode cannot leave the run's loop, so each step (one resumption of its coroutine to its next
+# await) is timed, and one past `max_step_s` fails the episode as soon as it yields (`LoopHeld`)
+# (why: docs/reliability.md, "Why tools and episodes differ").
 
 MAX_STEP_S = 2.0  # longest an episode may hold the loop between two awaits (our own work per step: milliseconds)
 
@@ -149,8 +133,7 @@ class EpisodeRunner:
 
     async def _one_token(self, gen: EpisodeGen) -> None:
         if gen.room <= 0:
-            # The observations filled the budget: the last one gives up its last token, so that the
-            # record still holds a model token (staleness and the loss read the model's tokens only).
+            # The last observation gives up its last token for it (staleness reads model tokens only).
             c, keep = gen.completion, gen.ctx.budget - 1
             del c.tokens[keep:], c.logprobs[keep:], c.versions[keep:]
             for t in c.turns:
@@ -190,16 +173,11 @@ def load_episode(spec: str) -> Episode:
 
 
 # -- built-in episodes -------------------------------------------------------------------------------
-# Episodes that ship with aioareal (`data.episode=<name>`); a user's own is named by import path.
-#
-# single_turn   today's single completion as an episode: one turn, the task's verdict on it.
-# calculator    arithmetic with a calculator: the model may call it (up to tools.max_calls times) and
-#               gets the result back as an observation; the text of its last turn is its answer.
-#               After chat prompts a call is `<calc>EXPR</calc>` and the result comes back as a `tool`
-#               message written by the chat template. After raw prompts (the tiny model's character
-#               tokens, where every character is a token to train and decode) the call is compact:
+# single_turn   a single completion as an episode: one turn, the task's verdict on it.
+# calculator    the model may call a calculator (up to tools.max_calls times); its last turn's text is
+#               its answer. After chat prompts a call is `<calc>EXPR</calc>`, answered by a `tool`
+#               message; after raw prompts (character tokens) it is compact:
 #                   347*582=[347*582]{201954}201954
-#               model: `[347*582]` (a call), world: `{201954}`, model: `201954` and EOS.
 CALL, END = "<calc>", "</calc>"  # after chat prompts
 RAW_CALL, RAW_END = "[", "]"  # after raw prompts
 RAW_RESULT = "{{{}}}"  # the result after raw prompts: {201954}

@@ -1,13 +1,10 @@
 """The calculator tool: arithmetic a model writes, evaluated by parsing, never by `eval`.
 
-The expression is parsed with `ast.parse(mode="eval")`, which only builds a tree (it runs nothing),
-and the tree is walked with a whitelist: numbers, + - * / // % **, unary + and -, parentheses.
-Anything else (names, calls, attributes, subscripts, comparisons, strings) is refused. Work and
-memory are bounded before anything is computed: the text is at most MAX_CHARS characters, every
-number and intermediate result at most MAX_DIGITS digits, a power is computed only when its result
-would fit, so one call costs microseconds whatever the model writes. Numbers are exact fractions
-(no float rounding in `0.1 + 0.2`); a result prints as an integer when it is one, else as a decimal
-with up to 12 significant digits.
+`ast.parse(mode="eval")` only builds a tree, walked with a whitelist (numbers, + - * / // % **, unary
+signs); anything else is refused. Work is bounded before anything is computed (MAX_CHARS of text,
+MAX_DIGITS per number and intermediate result, a power only when its result would fit), so a call
+costs microseconds whatever the model writes. Numbers are exact fractions; a result prints as an
+integer or a decimal of up to 12 significant digits.
 """
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ def _value(node: ast.AST) -> Fraction:
 
 
 def _power(base: Fraction, exponent: Fraction) -> Fraction:
-    """base ** exponent for an integer exponent, refused before computing when the result would be
-    out of bounds (a 10**40-digit power must never be built)."""
+    """base ** exponent for an integer exponent, refused before computing a result out of bounds."""
     if exponent.denominator != 1:
         raise CalculatorError("only integer exponents")
     n = int(exponent)

@@ -1,22 +1,11 @@
 """The tools an episode may call, by name: data in, data out, each call under a timeout.
 
-A tool is a function of one string returning a string: `async def f(arg) -> str` or a plain
-`def f(arg) -> str`. Both run off the run's event loop, so that a tool that blocks can never
-freeze the run, and each call's timeout is enforced from the run's loop: a plain tool on one of at
-most `max_threads` daemon threads (tools.max_threads), an `async def` tool on a loop of its own in a
-thread (`loop.py`; one that blocks that loop stalls only the calls on it, and the next call gets a
-fresh loop). Python cannot kill a thread: a call that overruns its timeout is abandoned and keeps
-its thread (or loop) until it returns; while `max_threads` of them are held so, calls fail at once
-instead of starting more (docs/reliability.md, user code). Whatever goes wrong, the episode gets an observation and
-the run goes on: a tool that raises, hangs past `timeout_s`, returns something that is not a string,
-or is not known gives `error: <what>`, and the failure is counted (`ToolStats`, and each call's
-`ToolCall` in the sample's record). A long answer is cut to `max_chars`. `latency_s` adds a seeded
-random sleep before every call: a slow world for measuring what asynchrony buys (it is part of the
-call's seconds, not of its timeout).
-
-No tool here runs model-written code. One that would must run in a process of its own with no
-network, a time and memory limit and a scratch directory, and be off by default
-(docs/architecture.md rule 9).
+A tool is `def f(arg) -> str` or `async def f(arg) -> str`, run off the run's event loop (a plain one
+on at most `max_threads` daemon threads, an async one on a `ToolLoop`), its timeout enforced from the
+run's loop (docs/reliability.md#user-code-deadlines-threads-the-event-loop-and-memory-issue-35-items-2-and-9).
+Whatever goes wrong, the episode observes `error: <what>` and the failure is counted. `latency_s`
+adds a seeded random sleep before each call: a slow world, for measuring what asynchrony buys. No
+tool here runs model-written code (docs/architecture.md rule 9).
 """
 from __future__ import annotations
 
@@ -65,9 +54,8 @@ class ToolStats:
 
 
 class ToolThreads:
-    """The threads a run's tools may hold: one per run, shared by training's box and every
-    evaluation's, so that tools stuck past their timeout count against one `max_threads` budget
-    instead of each new box starting `max_threads` more."""
+    """The threads a run's tools may hold, shared by training's box and every evaluation's, so tools
+    stuck past their timeout count against one `max_threads` budget."""
 
     def __init__(self, max_threads: int = 64) -> None:
         self.max_threads = max_threads
@@ -183,15 +171,9 @@ class ToolBox:
         self._loop = None
 
 
-# An event loop in a daemon thread of its own, where `async def` tools run (tools/toolbox.py).
-#
-# Why not the run's loop: a coroutine runs there until it awaits, so a tool that blocks inside (a
-# synchronous sleep, a long computation) would freeze the whole run, and no timeout can fire while it
-# does. Here it freezes only this loop: the run's loop enforces each call's timeout (the call fails,
-# counted), and a loop that has not run its heartbeat for much of that timeout is stuck: it is retired
-# (later calls go to a fresh loop), and it stops once its tool returns and its other calls have ended.
-# One loop shared by all calls rather than one per call: async tools stay cheap to run by the hundred,
-# and a client a tool keeps between calls (an HTTP session) stays on the loop it was made on.
+# An event loop in a daemon thread of its own, where `async def` tools run, shared by all calls; one
+# whose heartbeat stops for much of a call's timeout is retired (why: docs/reliability.md, "Why tools
+# and episodes differ").
 HEARTBEAT_S = 0.05  # how often the loop says it is alive; a stuck loop is noticed this late at worst
 
 
@@ -217,8 +199,7 @@ class ToolLoop:
         return self.held_for() > max(2 * HEARTBEAT_S, timeout_s / 2)
 
     def retire(self) -> None:
-        """Take no more calls; once the loop runs again (a stuck one: when its tool returns) and the calls
-        still on it have ended, it stops and its thread ends."""
+        """Take no more calls; stop once the loop runs again and the calls on it have ended."""
         self.loop.call_soon_threadsafe(self._stop_when_idle)
 
     def _stop_when_idle(self) -> None:
