@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ...config import Config, to_dict
@@ -95,7 +97,8 @@ def run_dirs(path: Path) -> list[Path]:
 def load_run(d: Path, root: Path) -> Run:
     config = with_defaults(read_config(d / "config.yaml"))
     return Run(name=d.name if d == root else str(d.relative_to(root)), dir=d, config=config,
-               metrics=read_frame(d / "metrics.jsonl", sort=True), samples=read_frame(d / "samples.jsonl"),
+               metrics=read_frame(d / "metrics.jsonl", sort=True),
+               samples=read_frame(d / "samples.jsonl", columns=SAMPLE_COLUMNS),
                finished=(d / "DONE").exists())
 
 
@@ -121,18 +124,43 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_frame(file: Path, sort: bool = False) -> pd.DataFrame:
-    """A JSONL file as a DataFrame (numeric columns as floats with NaN for null); a torn last line is skipped."""
-    with reading(file, "a run's JSON lines"):  # values pandas cannot hold (ints past float range)
-        return _frame(file, sort)
+SAMPLE_COLUMNS = ("staleness",)  # what report and plot draw from samples.jsonl
 
 
-def _frame(file: Path, sort: bool) -> pd.DataFrame:
-    rows = list(iter_jsonl(file, skip_bad=True)) if file.is_file() else []
-    df = pd.DataFrame(rows)
-    for col in df.columns:
-        if col != "finish_reason":
-            df[col] = pd.to_numeric(df[col], errors="coerce")
+def read_frame(file: Path, sort: bool = False, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """A JSONL file as a DataFrame of numbers (NaN where a value is null, missing or not a JSON
+    number), read line by line into 8 bytes a value; `columns` keeps only
+    those, so a samples file of gigabytes costs what its one column does. A torn last line is skipped."""
+    with reading(file, "a run's JSON lines"):
+        return _frame(file, sort, columns)
+
+
+def _number(value: Any) -> float:
+    """A JSON number as a float; anything else (null, true, a string, a list, an int past float range) is NaN."""
+    try:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        return math.nan
+
+
+def _columns(file: Path, keep: tuple[str, ...] | None) -> dict[str, array]:
+    """Column name -> its values, every column as long as the file has rows."""
+    cols: dict[str, array] = {}
+    rows = 0
+    for row in iter_jsonl(file, skip_bad=True) if file.is_file() else ():
+        for key, value in row.items():
+            if keep is None or key in keep:
+                col = cols.setdefault(key, array("d"))
+                col.extend(array("d", [math.nan]) * (rows - len(col)))  # rows that lacked it
+                col.append(_number(value))
+        rows += 1
+    for col in cols.values():
+        col.extend(array("d", [math.nan]) * (rows - len(col)))
+    return cols
+
+
+def _frame(file: Path, sort: bool, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    df = pd.DataFrame({key: np.array(col, dtype=np.float64) for key, col in _columns(file, columns).items()})
     if sort and len(df):
         if "step" not in df.columns:
             raise DataError(f"{file}: no row has a 'step' (not a run's metrics file)")
