@@ -2,6 +2,7 @@
 the suite trains it once per checkout."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import gsm8k_data
@@ -18,9 +19,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Under pytest-xdist (`-n 2`, as .ci/run runs) the cores are shared between the workers: each
+# worker's torch, and every run a test starts in a subprocess, gets its share, so two workers on two
+# cores do not oversubscribe them (docs/architecture.md#threads-on-the-cpu).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+TORCH_THREADS = 2 if _WORKERS == 1 else max(1, _CORES // _WORKERS)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     yield
 
 

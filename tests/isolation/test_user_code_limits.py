@@ -20,12 +20,12 @@ from loop_gaps import with_longest_gap
 
 from aioareal.config import load_config
 from aioareal.errors import ConfigError, UserError
+from aioareal.evaluation.scored_completions import EvalSet, build_evaluator
 from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards.reward_functions import ProcessRewards
 from aioareal.rewards.service import RewardService
-from aioareal.run.build import build_evaluator, task_from
-from aioareal.run.evaluation import EvalSet
+from aioareal.run.build import task_from
 from aioareal.tools import Tool, ToolBox
 
 RELEASE = threading.Event()  # lets in-process hangs of this module's tools end once their test is over
@@ -99,13 +99,15 @@ def test_a_reward_that_hangs_in_the_check_before_training_is_one_line(tmp_path: 
 def test_a_reward_that_hangs_in_evaluation_scores_0_and_is_counted(tmp_path: Path, isolation: str) -> None:
     from engine_helpers import tiny
 
+    # 1 s: the check before training imports the user's file in a worker within the deadline, on busy cores too.
     config = file_config(tmp_path, f"reward.functions={rewards_file(tmp_path, HANGS_ON_MODEL_TEXT)}:picky",
-                         "reward.timeout_s=0.3", f"reward.isolation={isolation}", "reward.workers=1")
+                         "reward.timeout_s=1", f"reward.isolation={isolation}", "reward.workers=1")
     task = task_from(config)
     within(60, task.splits)  # the check passes: on the answers it returns at once
     examples = [Example(str(i), f"{i}+1=", str(i + 1), {"answer": str(i + 1)}) for i in range(3)]
     eval_set = EvalSet(examples, [[5, 6, 7]] * 3)
-    evaluator = build_evaluator(config, tiny(), eval_set, task, lambda ids: "model " + str(ids), [1])
+    evaluator = build_evaluator(config.eval, config.generation, config.reward, config.run.seed, tiny(), eval_set, task,
+                                lambda ids: "model " + str(ids), [1])
     metrics = within(60, evaluator)
     assert metrics["eval_reward_failures"] == 3 and metrics["eval_pass_rate"] == 0.0
 
