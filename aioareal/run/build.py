@@ -17,7 +17,7 @@ from ..checkpoint import ADAPTER_DIR, POLICY_DIR
 from ..config import Config
 from ..distributed.world import LOCAL, Collective
 from ..errors import UserError, one_line
-from ..evaluation.scored_completions import held_out_rewards
+from ..evaluation.scored_completions import EvalSet
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..group import Example
@@ -34,7 +34,6 @@ from ..trainer.logprobs import TokenLogprobs
 from ..trainer.masters import compile_layers
 from ..weightsync.full import WeightSync
 from ..weightsync.merged_lora import LoraSync
-from .evaluation import EvalSet, KeptCompletions, evaluate
 
 Log = Callable[[str], None]
 
@@ -278,27 +277,6 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
     sync.set_version(trainer.version)  # both sides now hold the weights of that version
     pool = thread_for(torch.device("cpu"), "torch", one_thread) if one_thread else None
     return EngineWorker(engine, sync, pool, stall_s), TrainerWorker(trainer, sync, evaluate, pool, stall_s)
-
-
-def build_evaluator(config: Config, model: PreTrainedModel, eval_set: EvalSet, task: Task,
-                    decode: Callable[[list[int]], str], eos: list[int],
-                    keep: KeptCompletions | None = None) -> Callable[[], dict[str, float]]:
-    """Held-out greedy pass rate of the trainer's weights (runs on the trainer's thread), and pass@k
-    with eval.samples, scored as `eval` scores (evaluation/scored_completions.py); `keep` receives
-    the completions for eval_samples.jsonl."""
-    e = config.eval
-    max_new_tokens = e.max_new_tokens or config.generation.max_new_tokens
-    rewards = held_out_rewards(config.reward, task, decode)  # one for the run: its worker processes stay warm
-
-    def run_eval() -> dict[str, float]:
-        result = evaluate(model, eval_set, rewards, eos, max_new_tokens, e.samples, e.temperature, config.run.seed,
-                          backend=config.generation.backend)
-        if keep is not None:
-            keep.put(result.rows)
-        # eval_reward_failures: reward functions' failures, the figure a run with reward.functions has had
-        counted = {"eval_reward_failures": result.failures} if isinstance(task, RewardedTask) else {}
-        return {"eval_pass_rate": result.pass_rate, "eval_len_mean": result.mean_length, **result.figures, **counted}
-    return run_eval
 
 
 def build_rewards(config: Config, task: Task, decode: Callable[[list[int]], str]) -> RewardService:

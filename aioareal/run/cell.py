@@ -23,12 +23,11 @@ from ..devices import resolve_device
 from ..distributed.env import launched_by_torchrun, rank_number
 from ..distributed.world import LOCAL, Collective, World, current, init, is_collective_failure, rank_error, teardown
 from ..errors import RunStopped, UserError
+from ..evaluation.scored_completions import EvalSet, KeptCompletions, build_evaluator
 from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
-from .build import build_evaluator
-from .evaluation import EvalSet, KeptCompletions
 from .events import Stoppable
 from .hooks import SaveCheckpoint, checkpoint_saver
 
@@ -89,7 +88,8 @@ class LocalCell:
     def evaluator(self, config: Config, trainer: Any, eval_set: EvalSet, task: Task,
                   decode: Callable[[list[int]], str], eos: list[int],
                   keep: KeptCompletions | None = None) -> Evaluator:
-        return build_evaluator(config, trainer.model, eval_set, task, decode, eos, keep)
+        return build_evaluator(config.eval, config.generation, config.reward, config.run.seed, trainer.model, eval_set,
+                               task, decode, eos, keep)
 
     def restore(self, path: Path, trainer: Any, engine: Any, config: Config) -> RunState:
         if (path / checkpoint.SHARDS).is_dir():  # written by several ranks: one process reads every shard

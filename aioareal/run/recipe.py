@@ -23,6 +23,7 @@ from ..checkpoint.resume_plan import decide, resume_config
 from ..config import Config, dump_yaml, save_config
 from ..devices import fix_mmap_threshold, threads_restored, with_run_threads
 from ..errors import RunStopped, UserError
+from ..evaluation.scored_completions import KeptCompletions
 from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
 from ..monitor.dashboard import Dashboard
@@ -46,7 +47,6 @@ from .build import (
     model_path,
 )
 from .cell import Cell, current_cell
-from .evaluation import KeptCompletions
 from .events import LoopLag, quiet, run_event_loop, step_printer, stop_signals
 from .hooks import RunHooks
 from .rollout import EvalInputs, Rollout, rollout_kind

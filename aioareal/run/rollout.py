@@ -26,6 +26,7 @@ from ..episodes import (
 )
 from ..episodes.episode_worker import drive
 from ..errors import ConfigError
+from ..evaluation.scored_completions import EvalSet, Evaluator, KeptCompletions
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..group import Example, Group
@@ -33,7 +34,6 @@ from ..orchestrator.workers import EngineWorker
 from ..rewards.service import RewardService
 from ..tasks.base import Task
 from ..tools import ToolBox, ToolThreads, build_toolbox
-from .evaluation import EvalSet, Evaluator, KeptCompletions
 
 Log = Callable[[str], None]
 
@@ -173,7 +173,7 @@ def evaluate_episodes(setup: EpisodeSetup, model: PreTrainedModel, eval_set: Eva
         return {"eval_pass_rate": float("nan"), "eval_len_mean": 0.0}
     was_training = model.training
     max_len = max(len(p) for p in eval_set.prompt_ids) + budget
-    # fuse=False: the trainer's own model (see run/evaluation.py).
+    # fuse=False: the trainer's own model (see evaluation/scored_completions.py `evaluate`).
     options = EngineOptions(min(max_slots, len(eval_set.examples)), max_len,
                             SamplingParams(greedy=True, max_new_tokens=budget), fuse=False)
     engine = make_engine(model, eos, options, setup.config.generation.backend)

@@ -24,12 +24,11 @@ from ..devices import resolve_device
 from ..distributed.sharding import Mirror, shard_policy
 from ..distributed.world import Collective, Global, World
 from ..errors import ConfigError
+from ..evaluation.scored_completions import EvalSet, KeptCompletions, build_evaluator, shard_eval_set, sharded_evaluator
 from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
-from .build import build_evaluator
-from .evaluation import EvalSet, KeptCompletions, shard_eval_set, sharded_evaluator
 from .hooks import SaveCheckpoint
 from .rank_hooks import RankHooks, sharded_saver
 
@@ -115,8 +114,8 @@ class ShardedCell:
         completions for eval_samples.jsonl."""
         mirror = self._mirror()
         shard = shard_eval_set(eval_set, self.world.rank, self.world.size)
-        evaluate_shard = build_evaluator(config, mirror.model, shard, task, decode, eos,
-                                         keep if self.is_main else None)
+        evaluate_shard = build_evaluator(config.eval, config.generation, config.reward, config.run.seed,
+                                         mirror.model, shard, task, decode, eos, keep if self.is_main else None)
         return sharded_evaluator(evaluate_shard, lambda: mirror.refresh(trainer.model), len(shard.examples),
                                  trainer.collective)
 

@@ -24,6 +24,7 @@ import torch
 from ..config import Config, ToolsConfig
 from ..episodes import codec_for, load_episode
 from ..episodes.runner import RAW_CALL, RAW_END, RAW_RESULT
+from ..evaluation.scored_completions import EvalSet, evaluate
 from ..group import Example
 from ..io import exclusive_lock
 from ..models import eos_token_ids, random_model
@@ -32,7 +33,6 @@ from ..models.shapes import SHAPES, build_char_tokenizer
 from ..rewards.service import RewardService, per_item
 from ..tasks.arithmetic import ArithmeticTask
 from ..trainer.objective import Demo, completion_loss
-from .evaluation import EvalSet, evaluate
 
 FORMAT = 1  # bump when the warm-start recipe changes, so stale caches are not reused
 PROGRESS_EVERY_S = 10.0  # a progress line at the first evaluation this long after the last

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from aioareal.cli import main
-from aioareal.run.evaluation import sampled_metrics
+from aioareal.evaluation.scored_completions import sampled_metrics
 
 PROMPTS, SAMPLES = 4, 2
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from engine_helpers import tiny
 
 from aioareal.config import load_config
+from aioareal.evaluation.scored_completions import EvalSet, build_evaluator
 from aioareal.group import Example
 from aioareal.isolation.pool import shared_pool
-from aioareal.run.build import build_evaluator, task_from
-from aioareal.run.evaluation import EvalSet
+from aioareal.run.build import task_from
 from aioareal.run.hooks import RunHooks
 
 PROMPTS, TIMEOUT_S = 16, 1.0
@@ -50,8 +50,8 @@ def test_a_reward_that_hangs_on_every_held_out_completion_costs_about_one_deadli
     config = hanging_config(tmp_path)
     task = task_from(config)  # no check before training: it could time out behind other tests' warm-ups
     examples = [Example(str(i), f"{i}+1=", str(i + 1), {"answer": str(i + 1)}) for i in range(PROMPTS)]
-    evaluator = build_evaluator(config, tiny(), EvalSet(examples, [[5, 6, 7]] * PROMPTS), task,
-                                lambda ids: "model " + str(ids), [1])
+    evaluator = build_evaluator(config.eval, config.generation, config.reward, config.run.seed, tiny(),
+                                EvalSet(examples, [[5, 6, 7]] * PROMPTS), task, lambda ids: "model " + str(ids), [1])
     assert shared_pool(config.reward.workers).wait_ready(60)  # workers' start-up is no part of the claim
     # (Jobs queued behind a worker still importing the reward module expire at their deadline too.)
     start = time.monotonic()

@@ -117,8 +117,8 @@ def test_unsafe_projections_are_left_alone(case):
 
 
 def test_evaluation_engine_leaves_the_trainers_model_unfused():
+    from aioareal.evaluation.scored_completions import EvalSet, evaluate
     from aioareal.rewards.service import RewardService, per_item
-    from aioareal.run.evaluation import EvalSet, evaluate
 
     model = tiny()
     pointers = [p.data_ptr() for p in model.parameters()]
