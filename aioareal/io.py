@@ -27,9 +27,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk: the file named, so that it is one line (errors.guarded)
+        Path(tmp).unlink(missing_ok=True)
+        raise named(e, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def named(e: OSError, path: Any) -> OSError:
+    """`e` with the file it was writing when the call (a write, a flush) did not say: no space left
+    on a device is the environment's doing, one line naming the file, never a traceback."""
+    if e.filename is not None or not isinstance(path, (str, Path)):
+        return e
+    return type(e)(e.errno, e.strerror or str(e), str(path))
 
 
 def open_lock_file(path: str | Path) -> int:
@@ -69,8 +80,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def append_jsonl(f: Any, rows: list[dict[str, Any]]) -> None:
     """Append rows to an open text file in one write, then flush (a crash tears at most the last line)."""
     if rows:
-        f.write("".join(json.dumps(r, allow_nan=False, default=_jsonable) + "\n" for r in rows))
-        f.flush()
+        text = "".join(json.dumps(r, allow_nan=False, default=_jsonable) + "\n" for r in rows)
+        try:
+            f.write(text)
+            f.flush()
+        except OSError as e:
+            raise named(e, getattr(f, "name", None)) from None
 
 
 def _jsonable(x: Any) -> Any:

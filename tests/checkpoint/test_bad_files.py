@@ -147,3 +147,39 @@ def test_a_kill_during_rotation_leaves_a_husk_not_a_broken_checkpoint(tmp_path: 
     monkeypatch.undo()
     assert [p.name for p in checkpoint.husks(tmp_path)] == ["step-000001"]
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step-000002", "step-000003"]
+
+
+def test_a_full_disk_under_a_runs_files_is_one_line_naming_the_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A write or flush that fails for want of space says no file name of its own: the run's
+    appends and whole-file writes name theirs, so that the command ends in one line, exit 2, not a
+    traceback (a run on a full disk failed at its first metrics row)."""
+    import os
+
+    from aioareal import io
+    from aioareal.errors import guarded
+
+    class FullDisk:
+        name = str(tmp_path / "run" / "metrics.jsonl")
+
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self) -> None:
+            pass
+
+    def append() -> int:
+        io.append_jsonl(FullDisk(), [{"step": 1}])
+        return 0
+
+    assert guarded(False, append) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {FullDisk.name}: No space left on device\n"
+
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    target = tmp_path / "config.yaml"
+    assert guarded(False, lambda: io.atomic_write_text(target, "model: {}\n") or 0) == 2
+    assert capsys.readouterr().err == f"error: {target}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []  # its temporary file removed
