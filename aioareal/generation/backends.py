@@ -1,9 +1,6 @@
-"""Which backend generates (`generation.backend`), and the start-up check of its log-probs.
-
-`engine` (engine.py) is exact only for the families it implements (families.py); `hf` is the slower
-fallback over the model's own forward (hf_backend.py); `auto` takes the engine where it applies.
-Before training the backend's log-probs on a few sampled tokens are compared with the model's own
-forward, so no run trains on a silently different model (refused, or under `auto` the fallback).
+"""Which backend generates (`generation.backend`: engine, hf or auto), and the start-up check of its
+log-probs against the model's own forward, so no run trains on a silently different model
+(docs/models.md#backends).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The HF fallback backend: continuous batching over the model's own forward and its own cache.
-
-For an architecture the engine does not implement (families.py), `HFEngine` offers the engine's
-interface over the engine's own `Scheduler`, so admission, per-token versions and behaviour
-log-probs, interruption (docs/architecture.md rule 3), weight sync and episodes' turns work alike.
-Every logit comes from the model's `forward`: slower, but the log-probs are the model's.
+"""The HF fallback backend (docs/models.md#backends): the engine's interface over the engine's own
+`Scheduler`, every logit from the model's own `forward` (slower, but the log-probs are the model's).
 
 Sequences admitted in one step with equally long prompts form a *cohort*: one prefill, then equally
-long contexts ever after (one token each per step), so a cohort decodes as one batch over one
-`DynamicCache` with no padding or mask; finished rows are dropped from it. A new version re-prefills
-every cohort (`recompute_kv`).
+long contexts ever after, so a cohort decodes as one batch over one `DynamicCache` with no padding or
+mask; finished rows are dropped from it. A new version re-prefills every cohort (`recompute_kv`).
 """
 from __future__ import annotations
 
