@@ -1,20 +1,12 @@
 """Worker processes for verifier work that may never end, killed and replaced when it overruns.
 
-Why processes: a thread cannot be stopped, and code that holds the GIL (sympy evaluating `9^{9^{9}}`) stalls
-every thread of the process, the event loop included. A process can be killed. So work that may run unbounded
-is handed over as a `Deferred` ('module:function' plus arguments) and runs in a worker; cheap checks stay here.
-
-Design, and what it costs:
-- Workers are spawned (`spawn.py`) and reused; they import only the standard library, `preload`, what jobs name.
-- One dispatcher thread owns the workers: it hands queued jobs to idle workers, waits on their pipes
-  and on the jobs' expiry times, and resolves each job's future with an `Outcome`. On expiry it
-  kills the worker (SIGKILL), resolves the job as a timeout and spawns a replacement, whose start-up
-  (about half a second with sympy) is charged to no job. (`ProcessPoolExecutor` cannot do this:
-  killing one of its workers breaks the whole executor.)
-- A job expires `timeout_s` after it starts running, or at its absolute `deadline` whether it has started or
-  not (the reward service gives all jobs of one call the call's deadline). One that ran out of memory under
-  the workers' limit (`worker.limit_memory`) is an error, and its worker is replaced too.
-- Workers end with the parent (`close`, also run at exit, kills them; an orphan sees its pipe close).
+A thread cannot be stopped, and code holding the GIL (sympy on `9^{9^{9}}`) stalls every thread, the
+event loop included; a process can be killed. So unbounded work goes over as a `Deferred` to a spawned,
+reused worker (spawn.py). One dispatcher thread owns the workers: it hands out jobs, waits on pipes and
+expiry times, and resolves each future with an `Outcome`; on expiry it SIGKILLs the worker and spawns
+a replacement whose start-up is charged to no job (`ProcessPoolExecutor` breaks when one worker is
+killed). A job expires `timeout_s` after it starts, or at its absolute `deadline`; one that ran out
+of memory is an error and its worker is replaced. Workers end with the parent.
 """
 from __future__ import annotations
 
@@ -172,8 +164,8 @@ class WorkerPool:
         return True
 
     def _expire(self, now: float) -> None:
-        # The queue is scanned only when its earliest deadline has passed, so each round costs
-        # O(workers), not O(queued jobs); _queue_deadline may be stale-early, never late.
+        # The queue is scanned only once its earliest deadline has passed (_queue_deadline may be
+        # early, never late), so a round costs O(workers), not O(queued jobs).
         if self._queue_deadline is not None and self._queue_deadline <= now:
             expired = [j for j in self._queue if j.deadline is not None and j.deadline <= now]
             self._queue = deque(j for j in self._queue if j.deadline is None or j.deadline > now)

@@ -1,14 +1,10 @@
 """Starting one reward worker process: the spawn context, without re-running the parent's main script.
 
-Spawn (not fork: the parent holds CUDA state and threads) starts a fresh interpreter, and by default
-re-runs the parent's `__main__` script in it, so that functions defined there can be unpickled. A
-reward worker needs none of that: it runs `worker.serve` and imports what its jobs name.
-Re-running a user's training script would import torch in every worker and, without an
-`if __name__ == "__main__":` guard, start the training again (a TRL user calling `gsm8k_reward`
-from a plain script). So, for our workers only (a thread-local flag set around our own `start`),
-the main-module entries are dropped from spawn's preparation data; other users of multiprocessing in
-the same process are untouched. (`python -m aioareal` and pytest are not re-run anyway: spawn skips
-a main module named `*.__main__`.)
+Spawn (not fork: the parent holds CUDA state and threads) re-runs the parent's `__main__` script by
+default, which for a user's script would import torch in every worker and, without an
+`if __name__ == "__main__":` guard, start the training again. A worker needs none of it, so for our
+workers only (a thread-local flag around our own `start`) the main-module entries are dropped from
+spawn's preparation data; other users of multiprocessing are untouched.
 """
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ _without_main = threading.local()
 
 
 def start_worker(preload: tuple[str, ...], memory_limit_mb: int = 0) -> tuple[Any, Connection]:
-    """A started worker process (daemonic: multiprocessing ends it at exit) and our end of its pipe;
-    `memory_limit_mb` caps its address space (0 = no cap; `worker.limit_memory`)."""
+    """A started (daemonic) worker process and our end of its pipe; `memory_limit_mb`: 0 for no cap."""
     parent, child = CONTEXT.Pipe()
     process = CONTEXT.Process(target=serve, args=(child, preload, memory_limit_mb), name="aioareal-reward",
                               daemon=True)
@@ -45,10 +40,9 @@ def start_worker(preload: tuple[str, ...], memory_limit_mb: int = 0) -> tuple[An
 
 
 def kill_worker(process: Any) -> None:
-    """SIGKILL a worker and every process it started: the worker leads a process group of its own
-    (worker.serve), so a reward function's subprocesses go with it at the deadline, rather than
-    running on and holding the run's output pipes open after it exits. The group is killed while
-    its leader still lives (or, after a crash, while any member does), so its id is still ours."""
+    """SIGKILL a worker and every process it started (it leads a process group of its own), so a
+    reward function's subprocesses do not hold the run's output pipes open after it. The group is
+    killed while a member lives, so its id is still ours."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if process.pid is not None:
             os.killpg(process.pid, signal.SIGKILL)  # after a crash the group lives on in its children

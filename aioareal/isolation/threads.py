@@ -1,16 +1,11 @@
-"""Daemon threads for the reward service's in-process stage, reused from call to call.
+"""Daemon threads for the reward service's in-process stage, reused from call to call: starting a
+thread per call blocks the event loop until it runs (`Thread.start` waits for its signal). A call past
+its timeout cannot be stopped: its thread is written off (counted as hung) and later work gets a new
+one. Daemon threads, not a ThreadPoolExecutor, whose threads are joined at exit: one verifier that
+never returns would hang shutdown.
 
-Starting a thread per call blocks the event loop until the new thread has run (`Thread.start` waits
-for it to signal): a wait on every call, for every group, and the longer the busier the machine.
-These threads are reused instead, and a new one starts only when none is idle. A call that overruns
-its timeout cannot be stopped: its thread is written off (it keeps running; the service counts it as
-hung) and work that arrives meanwhile gets a new thread, so hung calls never starve later ones.
-Daemon threads rather than a ThreadPoolExecutor: an executor's threads are joined at interpreter
-exit, so one verifier that never returns would hang shutdown.
-
-`BoundedThreads` is the capped kind, for user code called where nothing else bounds the threads
-(plain tools; reward functions called outside the service, `GuardedCaller` below): at most `limit` threads,
-and once all of them are stuck in calls past their timeout, further calls fail at once.
+`BoundedThreads` is the capped kind, for user code nothing else bounds (plain tools, `GuardedCaller`):
+at most `limit` threads; once all are stuck past their timeout, further calls fail at once.
 """
 from __future__ import annotations
 
@@ -64,14 +59,10 @@ class Saturated(RuntimeError):
 
 
 class BoundedThreads:
-    """At most `limit` daemon threads, reused; work beyond them waits in a queue for a free one.
-
-    For user code that may never return (plain tools; reward functions called outside the event loop,
-    `GuardedCaller`). A caller that stops waiting `abandon`s its call: a queued call is cancelled, a running
-    one keeps its thread until it returns (Python cannot stop it). When every thread is held by such
-    calls, `submit` raises `Saturated` at once: the caller counts a failure instead of starting thread
-    after thread for code that hangs (docs/reliability.md, user code).
-    """
+    """At most `limit` daemon threads, reused; work beyond them waits in a queue for a free one. A
+    caller that stops waiting `abandon`s its call: a queued one is cancelled, a running one keeps its
+    thread until it returns. When every thread is held so, `submit` raises `Saturated` at once, a
+    counted failure rather than thread after thread for code that hangs (docs/reliability.md)."""
 
     def __init__(self, limit: int, name: str) -> None:
         self.limit, self.name = max(1, limit), name
@@ -128,15 +119,9 @@ class BoundedThreads:
                     self._busy -= 1
 
 
-# Users' reward functions called from a plain thread, under the reward service's deadline and isolation.
-#
-# The reward service (`rewards/service.py`) serves the event loop. Two callers of users' reward functions run
-# outside it, each on a thread of its own: the check before training (`rewards/reward_functions.py`) and
-# held-out evaluation (on the trainer's thread). They call through a `GuardedCaller` instead of calling
-# in-process: the same timeout (`reward.timeout_s`), the same isolation (a bounded set of daemon threads
-# for `reward.isolation=thread`; the worker pool, which kills and replaces a worker at the deadline, for
-# `process`) and the same three outcomes (ok, timeout, error), so a function that hangs or runs out of
-# memory there is a counted failure or a one-line error, never a hang (docs/architecture.md rule 8).
+# Users' reward functions called from a plain thread (the check before training, held-out evaluation)
+# under the reward service's timeout, isolation and outcomes (ok, timeout, error), so one that hangs or
+# runs out of memory there is a counted failure, never a hang (docs/architecture.md rule 8).
 class GuardedCaller:
     """`call` runs one job, a callable (in a thread) or a `Deferred` (in a worker process), within `timeout_s`."""
 
@@ -149,8 +134,7 @@ class GuardedCaller:
         return shared_pool(self.workers, preload, self.memory_limit_mb)
 
     def call(self, job: Callable[[], Any] | Deferred, preload: tuple[str, ...] = ()) -> Outcome:
-        """The job's Outcome: ok with its value, a timeout, or an error (for a callable, `value` holds the
-        exception it raised, so that the caller can say where it came from)."""
+        """The job's Outcome: ok, a timeout, or an error (a callable's `value`: the exception it raised)."""
         if isinstance(job, Deferred):
             pool = self.pool(preload)
             pool.wait_ready()  # workers starting up (or replacing a killed one): not charged to the job, as in training

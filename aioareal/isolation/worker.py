@@ -1,17 +1,10 @@
-"""The entry point of a reward worker process: run `module:function` jobs sent down a pipe.
+"""The entry point of a reward worker process: run `module:function` jobs sent down a pipe. It imports
+only the standard library (no torch), so a worker is up fast, plus whatever `preload` costs.
 
-A spawned child starts a fresh interpreter and imports only what it is given to run, so this module
-imports nothing beyond the standard library (no torch, no transformers): a worker is up in a fraction
-of a second plus whatever its `preload` modules cost (math-verify's sympy: about half a second).
-
-Protocol, one message each way per job: the parent sends `(fn, args)` (a `Deferred`), the worker
-answers `("ok", value)` or `("error", "TypeName: first line of the message")`, and the pool turns
-that (or a kill) into an `Outcome`. Before its first job a worker announces `("ready", None)`, so
-the parent can tell a slow start from a slow job. Both types live here: they are the protocol.
-
-A worker may run under a memory limit (`reward.memory_limit_mb`: RLIMIT_AS, set before anything is
-imported): a job that allocates past it fails with MemoryError, reported as its error, and the pool
-then replaces this worker with a fresh one rather than reuse a process that ran out.
+Protocol, one message each way per job: `(fn, args)` (a `Deferred`) down, `("ok", value)` or
+`("error", "TypeName: first line")` back; before its first job `("ready", None)`, so the parent tells
+a slow start from a slow job. A worker may run under `reward.memory_limit_mb` (RLIMIT_AS, set before
+any import): a job past it fails with MemoryError and the pool replaces the worker.
 """
 from __future__ import annotations
 
