@@ -1,13 +1,7 @@
-"""Admission and batching rules (docs/architecture.md rules 1 and 2), as plain bookkeeping with no I/O.
-
-Admission (AReaL, arXiv 2505.24298, eq. 3): with B groups per batch, policy version v and max
-staleness K, a new group may start only while accepted + running < (K + v + 1) * B.
-
-Batches are formed oldest-first *by admission order*: the trainer takes the B oldest admitted
-groups, waiting for any of them still being generated. With the admission rule this guarantees
-that a group admitted at version v is trained at a version <= v + K, so the replay filter drops
-nothing unless a run was interrupted. (Taking the oldest *finished* groups instead would let a
-long generation fall behind younger groups and exceed K.)
+"""Admission and batching rules (docs/architecture.md rules 1 and 2), as plain bookkeeping with no
+I/O: a new group starts only while accepted + running < (K + v + 1) * B (AReaL, arXiv 2505.24298,
+eq. 3), and batches are the B oldest groups *by admission order*, which together bound every trained
+sample's staleness by K (the oldest *finished* groups would not).
 """
 from __future__ import annotations
 
@@ -97,14 +91,10 @@ class OldestFirstBuffer:
 
 
 # -- the prompt source ---------------------------------------------------------------------------------
-# Training prompts in a seeded shuffled order, epoch after epoch, with a cursor for resume; with
-# data.order=easy-first the first epoch runs from the shortest reference answer to the longest (ties
-# in the seeded order), a curriculum for a model that solves too few of the hard prompts to learn
-# from them (GSM8K's answers are worked solutions: their length counts the steps).
-#
-# Under torchrun every rank shuffles the same way and takes every N-th prompt of the stream (rank r:
-# positions r, r + N, r + 2N, ...), so the ranks' prompts never overlap and one process (N = 1) draws
-# the whole stream, as before.
+# Training prompts in a seeded shuffled order, epoch after epoch, with a cursor for resume. With
+# data.order=easy-first the first epoch runs from the shortest reference answer to the longest (a
+# curriculum: GSM8K's answer length counts the steps). Under torchrun rank r takes positions
+# r, r + N, r + 2N, ... of the same shuffled stream.
 class PromptSource:
     def __init__(self, examples: list[Example], encode: Callable[[Example], list[int]], seed: int,
                  cursor: int = 0, stride: int = 1, offset: int = 0, easy_first: bool = False) -> None:

@@ -1,12 +1,8 @@
 """The event loop's two coroutines: the generator keeps admitted prompts flowing through the engine,
-the trainer turns oldest-first batches into policy versions. They meet in the admission counters
-and the oldest-first buffer; weights flow through the weight sync the workers share.
-
-Modes (README, Modes):
-  sync      K = 0: a whole batch is generated, then trained; never both at once.
-  one-step  K = 1: batch i+1 is generated (whole, under one version) while batch i trains.
-  async     any K: slots are refilled one group at a time as they free up, and a new version is
-            adopted between any two decode steps (running sequences continue under it).
+the trainer turns oldest-first batches into policy versions; they meet in the admission counters and
+the oldest-first buffer. Modes (README, Modes): sync (K = 0, a batch generated then trained),
+one-step (K = 1, batch i+1 generated while batch i trains), async (any K, slots refilled group by
+group, a new version adopted between any two decode steps).
 """
 from __future__ import annotations
 
@@ -55,8 +51,7 @@ class Orchestrator:
     def __init__(self, schedule: Schedule, gen: GenerationWorker, train: TrainingWorker, prompts: PromptSource,
                  score: GroupScorer, hooks: Hooks, resume: RunState | None = None,
                  score_counters: Callable[[], dict[str, int]] = dict) -> None:
-        """`resume`: the checkpoint's counters a resumed run continues from; `score_counters`: the
-        scorer's own running counts for each row (the reward service's `reward_timeouts`, ...)."""
+        """`resume`: the checkpoint's counters; `score_counters`: the scorer's running counts per row."""
         self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
         self.score_counters = score_counters
         self.start_version = resume.step if resume else 0
@@ -125,8 +120,7 @@ class Orchestrator:
         tasks = [asyncio.create_task(self._generate(), name="generator"),
                  asyncio.create_task(self._train(), name="trainer")]
         try:
-            # The run ends when the trainer does; the generator, or scoring a finished group, only
-            # ends it early by failing.
+            # The run ends when the trainer does; the generator or scoring only end it by failing.
             done, _ = await asyncio.wait([*tasks, self._failure], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise a failure of either side
@@ -159,8 +153,7 @@ class Orchestrator:
 
     def _admit(self) -> None:
         if self.stop_requested and not self._trainer_waiting:
-            # The trainer stops after the step it is on and needs no new groups; generating them
-            # would only delay the exit (and draw from the sampling RNG after the stop checkpoint).
+            # New groups would only delay the exit (and draw from the sampling RNG after the checkpoint).
             return
         version, s = self.train.version, self.s
         room = min(self.admission.capacity(version), self._still_needed())
@@ -169,8 +162,7 @@ class Orchestrator:
                 self._submit(version)
                 room -= 1
         elif not self.gen.busy and room > 0:
-            # Sync and one-step generate whole batches; after drop_constant_groups rejected some,
-            # the next round generates only the replacements (room < B), else the batch never fills.
+            # Whole batches; after drop_constant_groups rejected some, only the replacements (room < B).
             for _ in range(min(room, s.batch_groups)):
                 self._submit(version)
 
@@ -186,8 +178,7 @@ class Orchestrator:
         self.gen.submit(group)
 
     async def _generate(self) -> None:
-        # Runs until cancelled when the trainer is done: a requested stop still needs the
-        # generator to finish the batch of the step in progress.
+        # Runs until cancelled: a requested stop still needs the batch of the step in progress.
         while True:
             self._admit()
             if not self.gen.busy:
@@ -203,8 +194,7 @@ class Orchestrator:
                 task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task) -> None:
-        """A group's scoring ended. If it failed, the group can never reach the buffer and the
-        trainer would wait for it forever: fail the run instead."""
+        """A group's scoring ended; if it failed, fail the run (the trainer would wait for it forever)."""
         self._finishing.discard(task)
         if not task.cancelled() and task.exception() is not None and not self._failure.done():
             self._failure.set_exception(task.exception())

@@ -43,8 +43,7 @@ def _ratio(num: float, den: float) -> float:
 
 def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict[str, float],
              train_seconds: float, before: Clocks, now: Clocks, counters: dict[str, Any]) -> dict[str, Any]:
-    """Metrics of one step over the interval since the previous row; `counters` are the
-    orchestrator's versions and ledger at this moment."""
+    """Metrics of one step since the previous row; `counters`: the orchestrator's versions and ledger."""
     wall = now.time - before.time
     gen_busy, train_busy = now.gen_busy - before.gen_busy, now.train_busy - before.train_busy
     samples = [s for g in groups for s in g.samples]
@@ -62,8 +61,7 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
         "staleness_mean": fmean(staleness),
         "staleness_max": max(staleness),
         "dropped_stale": counters["dropped_stale"],
-        # Engine speed: tokens per second of generator busy time (wall-clock rates would mix in
-        # whatever else the interval held, such as an evaluation overlapping generation).
+        # Per second of generator busy time: wall-clock rates would mix in an overlapping evaluation.
         "gen_tokens_per_s": _ratio(now.tokens - before.tokens, gen_busy),
         "train_tokens_per_s": _ratio(metrics.get("train_tokens", 0), train_seconds),
         "samples_per_s": _ratio(len(samples), wall),
@@ -79,8 +77,7 @@ def step_row(step: int, trained_version: int, groups: list[Group], metrics: dict
 
 
 def episode_figures(samples: list[Sample]) -> dict[str, float]:
-    """Episodes' figures of a step (none for single completions): model turns per episode, tool calls,
-    tool errors and their mean latency in seconds, observation and model tokens per episode."""
+    """Episodes' figures of a step (none for single completions): turns, tool calls, tokens."""
     if not any(s.completion.turns for s in samples):
         return {}
     calls = [call for s in samples for call in s.completion.tool_calls]
@@ -103,9 +100,8 @@ def clip_text(text: str | None, limit: int) -> str | None:
 
 def sample_rows(step: int, trained_version: int, groups: list[Group], now: float,
                 text_chars: int = 0) -> list[dict[str, Any]]:
-    """One samples.jsonl row per trained sample: what the model wrote (`text`, cut at `text_chars`,
-    run.sample_text_chars), to which prompt (`prompt_id`, the task row's uid; `prompt`, its text
-    when short), and what it earned."""
+    """One samples.jsonl row per trained sample: what the model wrote (cut at `text_chars`), to which
+    prompt (`prompt_id`; `prompt` when short), and what it earned."""
     return [{
         "step": step,
         "group_id": g.group_id,

@@ -1,11 +1,7 @@
-"""The generator and trainer as the orchestrator sees them: async methods over a worker thread.
-
-Each side runs its torch calls on one dedicated thread. On the GPU that keeps kernel launches and
-the one host sync per decode step off the event loop; on the CPU, where torch ops run
-synchronously, it is what lets generation and training overlap at all (torch releases the GIL
-inside its kernels). In sync mode on the CPU, where they take turns, both sides share one thread
-instead: one OpenMP team in the process (docs/architecture.md#threads-on-the-cpu). The event
-loop itself only does bookkeeping.
+"""The generator and trainer as the orchestrator sees them: async methods over a worker thread each,
+which keeps launches and host syncs off the event loop and, on the CPU, lets the two sides overlap
+(torch releases the GIL in its kernels). In sync mode on the CPU both share one thread: one OpenMP
+team (docs/architecture.md#threads-on-the-cpu).
 """
 from __future__ import annotations
 
@@ -59,10 +55,9 @@ class Stalled(UserError):
 async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, budget: float = 0.0,
               what: str = "") -> Any:
     """`fn(*args)` on the worker thread. With a `budget` (run.stall_timeout_s) a call still running
-    after it is a hang, not a wait: the run stops with a one-line cause instead of waiting forever.
-    A thread cannot be killed, so if the call has still not returned loops.CLOSE_GRACE_S later (the
-    run's close waits for its thread) the process exits with loops.EXIT_STALLED; checkpoints and
-    metrics are written atomically, so `--resume` continues from the last checkpoint either way."""
+    after it is a hang: the run stops with a one-line cause, and since a thread cannot be killed, the
+    process exits (loops.EXIT_STALLED) if the call has not returned loops.CLOSE_GRACE_S later;
+    `--resume` continues from the last checkpoint either way."""
     loop = asyncio.get_running_loop()
     if not budget:
         return await loop.run_in_executor(pool, fn, *args)
@@ -84,11 +79,9 @@ async def _on(pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any, budg
 
 
 def thread_for(device: torch.device, name: str, cpu_threads: int | None = None) -> ThreadPoolExecutor:
-    """One worker thread whose current CUDA device is `device`: the current device is per thread,
-    and code that takes the current stream or device (NCCL, FSDP2, graph capture) must find this
-    side's GPU, not GPU 0, when a torchrun rank's cell sits on other GPUs. On the CPU,
-    `cpu_threads` sets the width of the thread's own intra-op team (torch's threads are per
-    thread: one that leads no team elsewhere, docs/architecture.md#threads-on-the-cpu)."""
+    """One worker thread whose current CUDA device is `device` (per thread: NCCL, FSDP2 and graph
+    capture must find this side's GPU, not GPU 0). On the CPU `cpu_threads` sets the width of the
+    thread's own intra-op team (docs/architecture.md#threads-on-the-cpu)."""
     def pin() -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -134,8 +127,7 @@ class EngineWorker:
         return len(self.engine.running)
 
     def _step(self, adopt: bool) -> tuple[list[Group], dict[str, float]]:
-        """One generator step on its thread: adopt a published version if allowed, then the
-        engine's admit, prefill, decode, sync and bookkeeping; returns the phases' seconds too."""
+        """One generator step on its thread (adopting a version if allowed), and its phases' seconds."""
         timer = self.engine.timer
         if adopt and self.sync.pending:
             with timer("adopt"):  # staging -> live weights, on the engine's stream (no host wait)
@@ -145,8 +137,7 @@ class EngineWorker:
         if not self.engine.busy:  # a batch done (sync, one-step): what only decoding needs goes
             self.engine.idle()
             release_freed_memory(self.engine.device)
-        # After the step's host sync: the timings are ready, but for an overlapped engine's step
-        # still in flight, which a later take() reads.
+        # After the step's host sync; an overlapped step still in flight is read by a later take().
         return results, timer.take()
 
     async def step(self, adopt: bool) -> list[Group]:

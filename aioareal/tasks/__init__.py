@@ -14,10 +14,6 @@ from .base import PromptRenderer, Task
 BUILTIN = ("arithmetic", "gsm8k", "file", "hub")
 
 
-
-
-
-
 def base_task(d: DataConfig, a: ArithmeticConfig, timeout_s: float, rewarded: bool) -> Task:
     if d.task in ("file", "hub"):
         return _custom_task(d, timeout_s, rewarded)
@@ -32,8 +28,6 @@ def base_task(d: DataConfig, a: ArithmeticConfig, timeout_s: float, rewarded: bo
                          seed=d.shuffle_seed, question_field=d.prompt_field, answer_field=d.answer_field,
                          timeout_s=timeout_s)
     raise ConfigError("data.task", f"unknown task '{d.task}' (built in: {', '.join(BUILTIN)})")
-
-
 
 
 def _custom_task(d: DataConfig, timeout_s: float, rewarded: bool) -> Task:

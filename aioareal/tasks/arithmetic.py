@@ -2,13 +2,11 @@
 
   raw       '23+45=' -> '68', exact match: the tiny model's format (no chat template)
   chat      'What is 23 + 45? Put the final answer in \\boxed{}.' through the chat template, graded by
-            the GSM8K grader (the last committed answer, read as a number): an instruct model's format
-  question  'Question: What is 23 plus 45?\\nAnswer:' as raw text, graded by the first number the
-            completion writes: a base model's format (it answers, then goes on writing the next
-            question, as the documents it learned from do; what follows its answer is not read)
+            the GSM8K grader: an instruct model's format
+  question  'Question: What is 23 plus 45?\\nAnswer:' as raw text, graded by the answer on its first
+            line: a base model's format (it goes on writing the next question, which is not read)
 
-Every operand pair is enumerated once and split by a seeded shuffle, so held-out prompts are
-never seen in training (nor in the tiny model's warm-start).
+Every operand pair is enumerated once and split by a seeded shuffle: held-out prompts are never trained.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The task interface: where examples come from, how one becomes a prompt, how a completion scores.
-
-Built-in tasks (synthetic arithmetic, GSM8K) and users' own tasks go through the same path:
-a `Task` yields `Example`s for a training and a held-out split and scores completions; a
-`PromptRenderer` turns an example into token ids (chat template or raw template).
+"""The task interface, one path for built-in and users' tasks: a `Task` yields training and held-out
+`Example`s and scores completions; a `PromptRenderer` turns an example into token ids.
 """
 from __future__ import annotations
 
@@ -61,8 +58,7 @@ class PromptRenderer:
             return self._conversation(example)
         if not self.chat:
             return example.prompt
-        # A row may bring its own system prompt and tools (JSON schemas, or a JSON string of them) for
-        # the chat template; a template that does not render tools ignores them.
+        # A row may bring its own system prompt and tools for the chat template (which may ignore tools).
         system = example.row.get("system") or self.system_prompt
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": example.prompt})
@@ -82,15 +78,13 @@ class PromptRenderer:
         return self._render(messages, example, **extra)
 
     def _render(self, messages: list[dict[str, Any]], example: Example, **extra: Any) -> str:
-        # Under a step bound: a template is a program from the model's files. Imported here, as reward
-        # workers import this module without transformers (models/__init__ loads it).
+        # Imported here: reward workers import this module without transformers.
         from ..models.chat_template import apply_template, template_error
 
         try:
             return apply_template(self.tokenizer, messages, add_generation_prompt=True, **extra)
         except Exception as e:
-            # One that refuses a row (raise_exception), breaks jinja's sandbox or is malformed is the
-            # model's fault or the data's, not ours: one line. Our own errors (UserError) pass through.
+            # A template that refuses a row or is malformed: the model's or the data's fault, one line.
             if isinstance(e, UserError) or not template_error(e):
                 raise
             hint = "set data.chat_template=false or data.prompt_template='...{question}...'"
@@ -105,16 +99,14 @@ class PromptRenderer:
         return self.encoder.encode(text, self.templated)
 
     def check(self, example: Example, ids: list[int]) -> str | None:
-        """The start-up check: `ids` (the example's prompt as the run encoded it) against the
-        tokenizer's own encoding of the same text; one line naming a difference (a missing or a
-        doubled BOS), else None."""
+        """The start-up check: `ids` (the prompt as the run encoded it) against the tokenizer's own
+        encoding; one line naming a difference (a missing or doubled BOS), else None."""
         return self.encoder.check(self.text(example), ids, self.templated)
 
     def most_chars(self, tokens: int) -> int:
-        """A text longer than this has more than `tokens` tokens, for sure: no token covers more
-        characters than the vocabulary's longest entry (byte-level entries spell each byte as one
-        character), doubled for normalizers that fold two characters into one. Checked before
-        tokenizing, so a multi-megabyte row is refused without being tokenized whole."""
+        """A text longer than this has more than `tokens` tokens for sure (no token covers more than
+        the vocabulary's longest entry, doubled for normalizers that fold two characters into one),
+        so a multi-megabyte row is refused before it is tokenized."""
         if self._longest is None:
             self._longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
         return tokens * 2 * max(self._longest, 1)

@@ -1,14 +1,9 @@
 """Users' own tasks: rows from a local file (`data.task=file`) or a hub dataset (`data.task=hub`).
 
-A row becomes an example by two field names: the prompt is `row[data.prompt_field]` (the user
-message of the chat template, or the text a raw `data.prompt_template` formats), the reference
-answer is `row[data.answer_field]`, and every column stays on the example for reward functions.
-The answer may be absent when reward functions are configured: they decide what is right.
-
-The default verifier (no reward functions): a numeric answer is compared with the completion's
-final answer as a number (`verify.grade`, the GSM8K grader: "46", "the answer is 46.0" and
-"\\boxed{46}" all pass); any other answer must equal the whole completion up to surrounding and
-repeated whitespace.
+The prompt is `row[data.prompt_field]`, the reference `row[data.answer_field]` (optional with reward
+functions), and every column stays on the example for reward functions. The default verifier compares
+a numeric answer with the completion's final answer as a number (the GSM8K grader); any other answer
+must equal the whole completion up to whitespace.
 """
 from __future__ import annotations
 

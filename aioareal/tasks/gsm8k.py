@@ -1,14 +1,9 @@
 """GSM8K: grade-school math word problems, scored by final-answer equivalence.
 
-`gsm8k_reward` is the public grader, with TRL's reward-function signature, so a TRL user can pass
-it to `GRPOTrainer(reward_funcs=[gsm8k_reward])` as is; the GSM8K task scores with the same grader
-(`grade` for the reward service, which runs the rare symbolic checks in its worker pool).
-
-Rows come from a local file (JSONL, JSON list, Parquet, CSV) or the Hugging Face hub. The prompt is
-the question plus the common instruction to box the answer (docs/architecture.md#reference-facts;
-the chat template is applied by the renderer); the reference is the whole gold solution, whose
-`#### N` line the verifier extracts.
-Without a separate eval file the held-out split is carved off a seeded shuffle of the rows.
+`gsm8k_reward` is the public grader, with TRL's reward-function signature
+(`GRPOTrainer(reward_funcs=[gsm8k_reward])`); the task scores with the same grader. The prompt is the
+question plus the common instruction to box the answer (docs/architecture.md#reference-facts); the
+reference is the whole gold solution, whose `#### N` line the verifier extracts.
 """
 from __future__ import annotations
 
@@ -24,11 +19,9 @@ INSTRUCTION = "Please put your final answer within \\boxed{}."
 def gsm8k_reward(completions: list[Any], answer: list[str], timeout_s: float = 5.0, **kwargs: Any) -> list[float]:
     """1.0 for each completion whose final answer equals the reference, else 0.0 (TRL's signature).
 
-    `answer`: the GSM8K solutions (`... #### 18`) or bare answers ("18"), one per completion.
-    `completions`: strings, or TRL's conversational form (a list of messages; the last one's
-    content is graded). The final answer is found as a careful grader reads it (`answers`) and
-    compared as a number; formulas go to math-verify in a worker process, stopped after `timeout_s`
-    (a timeout or a number past Python's digit limit scores 0 and counts in `verify_failures()`).
+    `answer`: the GSM8K solutions (`... #### 18`) or bare answers, one per completion. `completions`:
+    strings, or TRL's conversational form (the last message is graded). Formulas go to math-verify in
+    a worker process, stopped after `timeout_s` (a failure scores 0 and counts in `verify_failures()`).
     """
     return grade_now([str(a) for a in answer], [_text(c) for c in completions], timeout_s)
 

@@ -1,9 +1,7 @@
-"""Dataset rows for tasks: read from a local file (JSONL, JSON list, CSV, Parquet) or the Hugging Face
-hub, turned into examples by the task, and split into training and held-out sets.
-
-Every row travels with where it came from ("train.jsonl:12", "train.csv:3", "data.parquet: row 4",
-"openai/gsm8k[test] row 7"), so a bad row is an error that names file and line. Without a separate
-held-out source (an eval file, or a hub eval split) the held-out set is carved off a seeded shuffle.
+"""Dataset rows for tasks from a local file (JSONL, JSON list, CSV, Parquet) or the hub, split into
+training and held-out sets. Every row travels with where it came from ("train.jsonl:12"), so a bad
+row is an error naming file and line. Without a separate held-out source the held-out set is carved
+off a seeded shuffle.
 """
 from __future__ import annotations
 
@@ -104,8 +102,7 @@ class RowSource:
 
 def field_value(row: dict[str, Any], name: str, where: str, skip_bad: bool = False, hint: str = "") -> Any:
     """The row's non-empty value of `name`; None when missing or empty and `skip_bad`, else a DataError.
-    Bytes (a Parquet binary column) are text when they decode as UTF-8; NUL bytes and whitespace
-    alone are empty."""
+    Bytes are text when they decode as UTF-8; NUL bytes and whitespace alone are empty."""
     value = row.get(name)
     if isinstance(value, (bytes, bytearray)):
         try:
@@ -142,8 +139,7 @@ def read_hub(name: str, config: str | None, split: str) -> Located:
     try:
         from datasets import load_dataset
 
-        # datasets 2.x runs a dataset's own loading script unless told not to; 4.x has no scripts
-        # and no such argument.
+        # datasets 2.x runs a dataset's own loading script unless told not to (4.x has none).
         no_scripts = {"trust_remote_code": False} if "trust_remote_code" in signature(load_dataset).parameters else {}
         ds = load_dataset(name, config, split=split, **no_scripts)
         rows = [dict(r) for r in ds]
@@ -183,8 +179,7 @@ def _read_table(p: Path) -> Located:
     import pandas as pd
 
     try:
-        # CSV: only an empty cell is missing; pandas would also read NA, N/A, None, null, NaN (and
-        # more) as missing, and those are answers too (a yes/no/NA task, a "None" label).
+        # CSV: only an empty cell is missing; NA, None, null are answers too (a yes/no/NA task).
         frame = pd.read_parquet(p) if p.suffix.lower() == ".parquet" else \
             pd.read_csv(p, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
@@ -198,8 +193,7 @@ def _read_table(p: Path) -> Located:
 
 
 def _clean(row: dict[Any, Any]) -> dict[str, Any]:
-    """Plain Python values (numpy scalars and arrays from pandas become int/float/str/list); pandas
-    fills missing cells with NaN: treat them as missing fields."""
+    """Plain Python values from pandas' numpy ones; NaN (pandas' missing cell) is a missing field."""
     import numpy as np
 
     plain = {str(k): v.tolist() if isinstance(v, (np.generic, np.ndarray)) else v for k, v in row.items()}
@@ -207,8 +201,7 @@ def _clean(row: dict[Any, Any]) -> dict[str, Any]:
 
 
 class RowTask:
-    """A task whose examples come from a `RowSource`: subclasses say how a row becomes an example
-    (`_example`) and how a completion scores; loading, caching and skip counts live here."""
+    """A task whose examples come from a `RowSource`; subclasses say how a row becomes one (`_example`)."""
 
     source: RowSource
     _splits: tuple[list[Example], list[Example]] | None = None
