@@ -13,7 +13,7 @@ import re
 import string
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from .schema import Config
 from .sections import check
 
@@ -77,18 +77,34 @@ def _check_one(key: str, value: Any, name: str) -> None:
         raise ConfigError(name, f"expected auto, cpu, mps, cuda or cuda:N, got {value!r}")
     if key == "data.prompt_template" and isinstance(value, str):
         check_template(name, value)
+    wrong = range_error(key, value)
+    if wrong:
+        raise ConfigError(name, wrong)
+
+
+def range_error(key: str, value: Any) -> str | None:
+    """Why the number `value` cannot be `key`'s ("must be in [1, 2147483647], got 0"), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
+        return None
     lo_open, lo, hi, hi_open = _parse(RANGES.get(key, "(-inf, inf)"))
     if isinstance(value, int):  # ints stop at INT_MAX where the table says inf
         lo = -INT_MAX - 1 if math.isinf(lo) else lo
         hi, hi_open = (INT_MAX, False) if math.isinf(hi) else (hi, hi_open)
     above = lo < value if lo_open else lo <= value
     below = value < hi if hi_open else value <= hi
-    if not (above and below):  # NaN fails both
-        interval = f"{'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
-        finite = "a finite number " if isinstance(value, float) and not (hi == math.inf and not hi_open) else ""
-        raise ConfigError(name, f"must be {finite}in {interval}, got {value!r}")
+    if above and below:  # NaN fails both
+        return None
+    interval = f"{'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
+    finite = "a finite number " if isinstance(value, float) and not (hi == math.inf and not hi_open) else ""
+    return f"must be {finite}in {interval}, got {value!r}"
+
+
+def check_flag(flag: str, key: str, value: Any, hint: str = "") -> None:
+    """A command's flag that stands for config key `key` (chat's --max-new-tokens for
+    generation.max_new_tokens): the key's range, the error in the flag's words."""
+    wrong = range_error(key, value)
+    if wrong:
+        raise UserError(f"{flag} {wrong}{hint}")
 
 
 def _parse(interval: str) -> tuple[bool, float, float, bool]:

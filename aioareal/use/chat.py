@@ -25,6 +25,7 @@ import torch
 from transformers import TextStreamer
 
 from ..config import Config
+from ..config.limits import check_flag
 from ..devices import resolve_device
 from ..errors import UserError, guarded, one_line
 from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
@@ -70,6 +71,7 @@ def chat(args: argparse.Namespace) -> int:
     names, overrides = split_items(args.items)
     if len(names) != 1:
         raise UserError(f"chat takes one TARGET, got {len(names)}: {' '.join(names) or '(none)'}")
+    check_flags(args.max_new_tokens, args.temperature)
     talk = open_conversation(names[0], overrides, args.config, args.system, args.max_new_tokens, args.temperature)
     for prompt in prompts(args):
         if prompt == "/reset":
@@ -89,8 +91,7 @@ def open_conversation(name: str, overrides: list[str], config_file: str | None =
                       max_new_tokens: int | None = None, temperature: float = 0.0) -> Conversation:
     """A conversation with TARGET `name` (a run, a checkpoint, a model), its model loaded, under the
     run's config (or `config_file`) with `overrides`; `system` replaces data.system_prompt."""
-    if temperature < 0:
-        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    check_flags(max_new_tokens, temperature)
     target = resolve(name)
     config, start = target_config([target], config_file, overrides)
     source = model_source(target, start)
@@ -105,6 +106,15 @@ def open_conversation(name: str, overrides: list[str], config_file: str | None =
                                else config.generation.max_new_tokens)
     chat_format = uses_chat_template(config, bool(target.run_config or config_file), source)
     return Conversation(model, tokenizer, system or config.data.system_prompt, limit, temperature, chat_format)
+
+
+def check_flags(max_new_tokens: int | None, temperature: float) -> None:
+    """The ranges training takes (config/limits.py): a reply of at least one token; a temperature of
+    0 (greedy) or one whose logits stay finite (1e-300 overflowed them into a traceback)."""
+    if max_new_tokens is not None:
+        check_flag("--max-new-tokens", "generation.max_new_tokens", max_new_tokens)
+    if temperature != 0:
+        check_flag("--temperature", "generation.temperature", temperature, " (or 0: greedy)")
 
 
 def uses_chat_template(config: Config, from_run: bool, source: str) -> bool:

@@ -28,6 +28,8 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
                     "file or random:<shape>"),
     ("data.prompt_template=Q: {question:.>99999999}", "config key 'data.prompt_template': placeholder "
      "{question:.>99999999}: a width or precision of at most 10000, got 99999999"),
+    ("data.prompt_template=Q: {question.x}", "config key 'data.prompt_template': placeholder {question.x}: expected "
+     "a field name such as {question} (no attribute or index access, no positional {})"),
 ])
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as e:

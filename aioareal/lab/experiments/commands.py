@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...errors import guarded, one_line
+from ...errors import UserError, guarded, one_line
 
 
 def parser(command: str, what: str) -> argparse.ArgumentParser:
@@ -29,13 +29,20 @@ def out_dir(args: argparse.Namespace) -> Path:
     return path / "plots" if (path / "config.yaml").is_file() else Path("plots") / path.resolve().name
 
 
+def threshold(args: argparse.Namespace) -> float | None:
+    """--threshold, a held-out pass rate: NaN, infinities and values outside [0, 1] are refused."""
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise UserError(f"--threshold must be a held-out pass rate in [0, 1], got {args.threshold!r}")
+    return args.threshold
+
+
 def cmd_plot(argv: list[str]) -> int:
     args = parser("plot", "Plot a sweep: pass rate, time to threshold, staleness, throughput, reward.").parse_args(argv)
 
     def go() -> int:
         from .plots import plot_sweep
 
-        for path in plot_sweep(args.path, out_dir(args), args.threshold):
+        for path in plot_sweep(args.path, out_dir(args), threshold(args)):
             print(path)
         return 0
     return guarded(args.debug, go)
@@ -48,7 +55,7 @@ def cmd_report(argv: list[str]) -> int:
         from .plots import FILES
         from .study_report import write_report
 
-        report = write_report(args.path, out_dir(args), args.threshold)
+        report = write_report(args.path, out_dir(args), threshold(args))
         for name in FILES:
             print(report.parent / name)
         print(report)
