@@ -12,6 +12,7 @@ the figures' JSON line last. The figures: evaluation/pass_at_k.py; docs/evaluate
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..config.limits import GROUP_MAX
+from ..config.limits import GROUP_MAX, check_flag
 from ..devices import resolve_device
 from ..errors import UserError, guarded, one_line
 from ..evaluation import lm_eval
@@ -80,14 +81,27 @@ def main(argv: list[str]) -> int:
     return guarded(args.debug, lambda: run_eval(args))
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The ranges training takes for the keys these flags stand for (config/limits.py): a NaN, infinite or
+    1e-300 temperature, a limit below one token or a seed no RNG takes is one line here, not a traceback
+    in generation."""
+    check_flag("--temperature", "eval.temperature", args.temperature)
+    if not 0 < args.top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.max_new_tokens is not None:
+        check_flag("--max-new-tokens", "generation.max_new_tokens", args.max_new_tokens)
+    if not math.isfinite(args.pass_threshold):
+        raise UserError(f"--pass-threshold must be a finite reward, got {args.pass_threshold}")
+    check_flag("--seed", "run.seed", args.seed)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     names, overrides = split_items(args.items)
     if not names:
         raise UserError("eval needs at least one TARGET (a run dir, a checkpoint dir or a model)")
     if not 0 <= args.n <= GROUP_MAX:
         raise UserError(f"-n must be in [0, {GROUP_MAX}] (0: greedy only; pass@k needs far fewer), got {args.n}")
-    if args.temperature <= 0 or not 0 < args.top_p <= 1:
-        raise UserError("--temperature must be > 0 and --top-p in (0, 1]")
+    check_flags(args)
     args.protocols = parse_protocols(args.protocol)
     args.ks = parse_ks(args.k, args.n)
     if args.n and "zero-shot" not in args.protocols:
