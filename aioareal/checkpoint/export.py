@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 from pathlib import Path
 
 from ..errors import UserError, guarded
@@ -69,6 +70,8 @@ def gguf_path(given: str, policy: Path, qtype: str) -> Path:
         path = path / f"{_model_name(policy)}-{qtype}.gguf"
     if not path.parent.is_dir():
         raise UserError(f"export --gguf {given}: no directory {path.parent} to write it in")
+    if not os.access(path.parent, os.W_OK):  # a read-only mount too: else the error names the temporary file
+        raise UserError(f"export --gguf {given}: directory {path.parent} is not writable")
     return path
 
 

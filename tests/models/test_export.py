@@ -6,6 +6,7 @@ a qwen2 model with the tiny model's character vocabulary and a llama model with 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -126,6 +127,21 @@ def test_a_folder_as_the_gguf_gets_a_named_file_and_a_missing_one_is_one_line(tm
     assert main(["export", str(run), "--gguf", "no/such/dir/x.gguf"]) == 2
     assert capsys.readouterr().err.strip().endswith("export --gguf no/such/dir/x.gguf: no directory no/such/dir to "
                                                     "write it in")
+
+
+def test_an_unwritable_gguf_folder_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """A read-only mount (root writes anywhere else, so access(2) is what a test can steer): the error
+    names the folder before the model loads, not the temporary file the export would have written."""
+    run = tiny_run(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "ro"
+    out.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p).resolve() == out and mode == os.W_OK
+                        else real_access(p, mode, **kw))
+    assert main(["export", str(run), "--gguf", "ro/x.gguf"]) == 2
+    assert capsys.readouterr().err.strip() == "error: export --gguf ro/x.gguf: directory ro is not writable"
+    assert list(out.iterdir()) == []
 
 
 def test_hub_without_login_or_package_is_one_line(tmp_path, monkeypatch, capsys):
