@@ -8,7 +8,7 @@ mini-batch holds the same groups as one process's. Rank 0 saves the full paramet
 step, the step's metrics, the number of filler micro-batches each rank added, and whether the
 generator copy received exactly the trainer's weights. With `fused-head` no micro-batch keeps its
 logits (`KEEP_LOGITS = 0`), so the log-probs go through the fused LM head
-(trainer/fused_logprobs.py), inside FSDP2's root unit when sharded.
+(trainer/logprobs.py), inside FSDP2's root unit when sharded.
 """
 from __future__ import annotations
 

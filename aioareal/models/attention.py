@@ -2,7 +2,7 @@
 path, except for few keys on the CPU, where two batched matmuls and a softmax (query heads grouped
 onto their key heads) cost less than torch's CPU flash kernel; results equal SDPA's to rounding.
 
-Sequences packed into one row (trainer/varlen.py) arrive with `cu_seq_lens_q` and attend within
+Sequences packed into one row (trainer/batching.py) arrive with `cu_seq_lens_q` and attend within
 their own sequence: torch's varlen kernel on CUDA, SDPA per sequence on the CPU, else one SDPA under
 a block-diagonal causal mask.
 """

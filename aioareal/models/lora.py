@@ -146,3 +146,7 @@ def check_adapter_dir(path: Path) -> None:
         if not (path / name).is_file():
             raise FileNotFoundError(f"no {name} under {path}")
 
+
+def decoder(model: Any) -> Any:
+    """What maps input ids to the last hidden states (a module, or AdaptersOff's `model` method)."""
+    return model.model if hasattr(model, "model") else model.base_model

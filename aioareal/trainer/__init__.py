@@ -1,5 +1,4 @@
 """Training: the RL step (step.py), micro-batch packing, chunked log-probs, the objective, the optimizer."""
-from .step import train_step
-from .trainer import NonFiniteError, Trainer
+from .trainer import NonFiniteError, Trainer, train_step
 
 __all__ = ["NonFiniteError", "Trainer", "train_step"]

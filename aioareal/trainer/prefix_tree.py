@@ -31,7 +31,7 @@ import torch
 from ..errors import UserError
 from ..group import Sample
 from ..models.attention import ATTENTION
-from .fused_logprobs import decoder
+from ..models.lora import decoder
 
 # Nodes per row: at most the CPU's short-attention key length (models/attention.py), so every row
 # attends by two small matmuls. A longer single sequence gets a row of its own length.

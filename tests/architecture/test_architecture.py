@@ -153,11 +153,11 @@ def test_every_import_points_down_the_layers():
 
 
 def test_the_layer_check_sees_an_upward_import():
-    graph = {"aioareal.trainer.step": {"aioareal.run.build": "aioareal/trainer/step.py:9",
-                                       "aioareal.losses": "aioareal/trainer/step.py:10"},
-             "aioareal.run.build": {"aioareal.trainer.step": "aioareal/run/build.py:20"}}
-    assert upward_imports(graph) == ["aioareal.trainer.step (layer 4) imports aioareal.run.build (layer 6) "
-                                     "at aioareal/trainer/step.py:9"]
+    graph = {"aioareal.trainer.trainer": {"aioareal.run.build": "aioareal/trainer/trainer.py:9",
+                                       "aioareal.losses": "aioareal/trainer/trainer.py:10"},
+             "aioareal.run.build": {"aioareal.trainer.trainer": "aioareal/run/build.py:20"}}
+    assert upward_imports(graph) == ["aioareal.trainer.trainer (layer 4) imports aioareal.run.build (layer 6) "
+                                     "at aioareal/trainer/trainer.py:9"]
 
 
 def test_few_modules_sit_at_the_package_root():

@@ -18,11 +18,9 @@ from aioareal.config import load_config
 from aioareal.group import MODEL, OBS_VERSION, Completion, Example, Group, Sample
 from aioareal.models import random_model
 from aioareal.trainer import Trainer
-from aioareal.trainer.batching import collate
+from aioareal.trainer.batching import build_share, build_varlen, collate
+from aioareal.trainer.objective import StepSums
 from aioareal.trainer.prefix_tree import build_tree
-from aioareal.trainer.shared_prompts import build_share
-from aioareal.trainer.stats import StepSums
-from aioareal.trainer.varlen import build_varlen
 
 PROMPT = [4, 5, 6, 7]
 LAYOUTS = {"padded": dict(share=False, varlen=False, tree=False), "shared": dict(share=True, varlen=False, tree=False),

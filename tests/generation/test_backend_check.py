@@ -1,4 +1,4 @@
-"""No run trains on a silently different model (generation/backends.py, trainer/step.py): the
+"""No run trains on a silently different model (generation/backends.py, trainer/trainer.py): the
 start-up check compares the chosen backend's log-probs with the model's own forward on the real
 weights, and refuses (`engine`) or falls back (`auto`) when an engine layer is broken; the per-step
 `logprob_gap_max` bound (train.max_logprob_gap) stops a run whose generator drifts off."""
@@ -19,7 +19,7 @@ from aioareal.generation.forward import FastForward
 from aioareal.generation.hf_backend import HFEngine
 from aioareal.run import recipe
 from aioareal.run.recipe import train
-from aioareal.trainer.step import check_gap
+from aioareal.trainer.trainer import check_gap
 
 SMALL = ["train.steps=1", "eval.every=0", "algo.batch_groups=2", "algo.group_size=2",
          "model.dtype=float32"]

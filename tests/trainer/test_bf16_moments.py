@@ -1,4 +1,4 @@
-"""AdamW with bf16 moments (trainer/bf16_moments.py): stochastic rounding is unbiased and lands on
+"""AdamW with bf16 moments (trainer/optim.py): stochastic rounding is unbiased and lands on
 a neighbour, it keeps the second moment moving where rounding to nearest freezes it, the update
 follows torch's AdamW, and a restored state continues exactly as the uninterrupted optimizer."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.trainer.bf16_moments import AdamWBf16Moments, random_low_bits, round_stochastically
+from aioareal.trainer.optim import AdamWBf16Moments, random_low_bits, round_stochastically
 
 
 def neighbours(x: float) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""The fused LM head + log-softmax (trainer/fused_logprobs.py) against the checkpointed head it
+"""The fused LM head + log-softmax (trainer/logprobs.py) against the checkpointed head it
 replaces: gradcheck in float64, equal values and gradients in fp32 (tied and untied heads, a bias,
 an empty filler micro-batch), autocast, and which heads fall back to the checkpoint path."""
 from __future__ import annotations
@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-import aioareal.trainer.fused_logprobs as fused
 import aioareal.trainer.logprobs as logprobs
-from aioareal.trainer.fused_logprobs import FusedHeadLogprobs, fused_head_applies, fused_selected_logprobs
+from aioareal.trainer.logprobs import FusedHeadLogprobs, fused_head_applies, fused_selected_logprobs
 
 
 def _inputs(n: int, hidden: int, vocab: int, dtype: torch.dtype, seed: int = 0, bias: bool = False):
@@ -157,9 +156,8 @@ def test_a_dtensor_head_falls_back_to_the_checkpoint_path(monkeypatch):
 
 
 def test_selected_logprobs_takes_the_fused_path_only_for_large_logits_with_grad(monkeypatch):
-    calls = []
-    monkeypatch.setattr(logprobs, "fused_selected_logprobs",
-                        lambda *args: calls.append(1) or fused.fused_selected_logprobs(*args))
+    calls, fused_path = [], logprobs.fused_selected_logprobs
+    monkeypatch.setattr(logprobs, "fused_selected_logprobs", lambda *args: calls.append(1) or fused_path(*args))
     h, head, targets, _ = _inputs(6, 8, 20, torch.float32)
     logprobs.selected_logprobs(h, targets, head, 1.0, 4)  # 120 logits: kept
     assert calls == []

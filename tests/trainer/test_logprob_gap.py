@@ -14,8 +14,7 @@ from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.trainer import train_step
 from aioareal.trainer.batching import collate
-from aioareal.trainer.objective import gap_stats
-from aioareal.trainer.stats import StepSums, read_back, step_figures
+from aioareal.trainer.objective import StepSums, gap_stats, read_back, step_figures
 
 
 def test_gap_stats_by_hand():

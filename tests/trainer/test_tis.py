@@ -14,7 +14,7 @@ from aioareal import losses
 from aioareal.config import load_config
 from aioareal.errors import ConfigError
 from aioareal.trainer import train_step
-from aioareal.trainer.step import assign_advantages
+from aioareal.trainer.trainer import assign_advantages
 
 PROPS = settings(deadline=None, max_examples=40, derandomize=True)
 

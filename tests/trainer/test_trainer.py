@@ -16,7 +16,7 @@ from aioareal.trainer.batching import collate, pack
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
 from aioareal.trainer.planning import plan
-from aioareal.trainer.step import assign_advantages
+from aioareal.trainer.trainer import assign_advantages
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -1,4 +1,4 @@
-"""train.varlen: a micro-batch's sequences in one row, attended per sequence (trainer/varlen.py,
+"""train.varlen: a micro-batch's sequences in one row, attended per sequence (trainer/batching.py,
 models/attention.py packed_attention)."""
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from aioareal.errors import UserError
 from aioareal.group import Sample
 from aioareal.models import random_model
 from aioareal.models.attention import block_causal_mask, packed_attention
-from aioareal.trainer.batching import collate
-from aioareal.trainer.varlen import build_varlen, use_varlen
+from aioareal.trainer.batching import build_varlen, collate, use_varlen
 
 
 def samples_from(rng: random.Random, n: int, long: int = 20) -> list[Sample]:

@@ -12,8 +12,8 @@ from aioareal.group import Completion, Example, Group, Sample, Turn
 from aioareal.models import random_model
 from aioareal.trainer import Trainer, train_step
 from aioareal.trainer.batching import collate, set_aside
-from aioareal.trainer.stats import StepSums
-from aioareal.trainer.step import assign_advantages
+from aioareal.trainer.objective import StepSums
+from aioareal.trainer.trainer import assign_advantages
 
 
 def _groups(rewards: list[list[float]], seed: int = 0) -> list[Group]:

@@ -1,5 +1,5 @@
 """`bench head`: forward + backward of the trainer's selected-token log-probs from hidden states,
-the fused LM head + log-softmax (trainer/fused_logprobs.py) against activation checkpointing per
+the fused LM head + log-softmax (trainer/logprobs.py) against activation checkpointing per
 chunk (the path it replaced, still taken by wrapped heads), on random (tokens, hidden) states and
 a random (vocab, hidden) head: seconds per call and peak memory.
 
