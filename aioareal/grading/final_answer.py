@@ -1,12 +1,16 @@
 """Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it:
 the last answer it commits to (the rules, with examples: docs/rewards.md#which-answer-is-final).
 
-By how explicit the commitment is: 1. the final `\\boxed{}` (the last one opened); 2. a `####` marker
+By how explicit the commitment is: 1. the final `\boxed{}` (the last one opened); 2. a `####` marker
 followed by a number (not a heading); 3. the last answer phrase that is not negated; 4. the last number
 of the final statement (trailers cut off: `trailers`). Prose after 1-3 replaces the answer only when
 it commits again (a later answer phrase, or a retraction followed by a new final statement). What the
 answer says is read by `numbers.read_span` / `numbers.read_last`. Every step is linear in the text,
 and only the last `MAX_CHARS` are read (docs/reliability.md#the-grader).
+
+Where each `\boxed{}` (or `\fbox{}`) of a text opens and closes, in one pass over its braces.
+Only boxes with no box inside count as answers; the last box opened is the final one, unfinished if
+it never closes (a completion cut off at its token limit).
 """
 from __future__ import annotations
 
@@ -14,7 +18,6 @@ import re
 from dataclasses import dataclass, replace
 from itertools import repeat
 
-from .boxes import Box, scan
 from .latex import clean
 from .number_words import last_words
 from .numbers import HEDGE, NOTHING, Reading, canonical, leading, read_last, read_span, trim
@@ -259,3 +262,39 @@ def _sentence_end(text: str, pos: int, end: int | None = None) -> int:
 def _shifted(found: Found, offset: int) -> Found:
     """`found` in a part of the text that starts at `offset`, with `end` in the whole text's terms."""
     return replace(found, end=found.end + offset)
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
+
+
+@dataclass(frozen=True)
+class Box:
+    start: int  # where `\boxed` begins
+    contents: int  # where its contents begin (after the brace)
+    close: int | None = None  # the index of its closing brace; None if it never closes
+
+    def text(self, source: str) -> str:
+        return source[self.contents:self.close] if self.close is not None else ""
+
+
+def scan(text: str) -> tuple[list[Box], Box | None]:
+    """(the closed boxes that hold no other box, in order; the last box opened, closed or not)."""
+    opened = {m.end() - 1: (m.start(), m.end()) for m in _BOX.finditer(text)}
+    if not opened:
+        return [], None
+    last_brace = max(opened)
+    final = Box(*opened[last_brace])
+    stack: list[tuple[int | None, int]] = []  # (the brace's index if a box's, leaf boxes found when opened)
+    leaves: list[Box] = []
+    for m in _BRACE.finditer(text, min(opened)):
+        i = m.start()
+        if text[i] == "{":
+            stack.append((i if i in opened else None, len(leaves)))
+        elif stack:
+            brace, seen = stack.pop()
+            if brace is not None and seen == len(leaves):  # a box with no box inside
+                leaves.append(Box(*opened[brace], close=i))
+    if leaves and leaves[-1].contents == final.contents:
+        final = leaves[-1]
+    return leaves, final

@@ -1,23 +1,33 @@
 """Reading a written answer as a number, the way a careful grader does (docs/rewards.md#reading-the-answer).
 
-An answer is a numeral (`numerals`), a number in words (`number_words`) or a quantity in paired units
-(`quantities`). What surrounds it decides whether it is one: before it, decoration is fine, a sign
+An answer is a numeral (`NUMBER`, below), a number in words (`number_words`) or a quantity in paired
+units (`read_quantity`, below). What surrounds it decides whether it is one: before it, decoration is fine, a sign
 word negates it and a bound is a hedge; right after it, alternatives, ranges and lists are hedges,
 an operator makes it part of a formula (`$18/day` is a rate), anything else is units or prose; an
 equation is read at the side it concludes with, unless prose comes before its `=`. A hedge equals
 nothing. Every pattern is linear in its input (no unbounded repetition after an optional prefix).
+
+Numerals and their exact values: `NUMBER` recognises one written numeral in cleaned text (a sign,
+a currency symbol, digits with separators and decimals, then at most one of a mixed fraction, a
+fraction, scientific notation or a power, then a scale and `and a half`); `numeral_value(m)` is its
+exact Fraction, `canonical` writes one back. Numbers past Python's integer digit limit raise
+`NumberTooLong` (a ValueError the reward service counts). The pattern is linear in its input.
+
+Quantities written in units that pair ("18 dollars and 50 cents", "3 hours 20 minutes"): one
+answer, not a list, accepted in any unit it is written in (18.5 dollars or 1850 cents), since the
+grader does not know which the question asked for. Units must fall in size within one dimension.
+One regex match per unit: linear.
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from .latex import clean
 from .number_words import START as WORD_START
 from .number_words import last_words, read_words
-from .numerals import NUMBER, NumberTooLong, canonical, numeral_value  # noqa: F401 (two re-exported)
-from .quantities import read_quantity
 
 _DECORATION = re.compile(r"[\s*(\[:=]*+(?:(?:about|approximately|approx\.?|around|roughly|≈|~) ?)?"
                          r"(?:(?:usd|us\$|rs\.?|inr|eur|gbp|cad|aud) ?)?[\s*(\[]*", re.I)
@@ -230,3 +240,135 @@ def _negated(reading: Reading) -> Reading:
     if reading.value is None:
         return reading
     return replace(reading, value=-reading.value, also=tuple(-a for a in reading.also), text="-" + reading.text)
+
+
+MAX_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)() or 4300
+
+_NUMERAL = r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d{1,3}(?: \d{3})+(?![\d/])|\d+)(?:\.\d+)?|\.\d+"
+NUMBER = re.compile(
+    r"(?<!\^)(?<!\^ )(?P<sign>(?<![\w)\]}])-)?(?:[$€£¥₹] ?)?(?P<neg>-)?(?P<num>" + _NUMERAL + r")"
+    r"(?: (?P<mixed>\d+ ?/ ?\d+)(?![\d/.])| ?/ ?(?P<den>\d+(?:\.\d+)?)(?![\d/]))?"
+    r"(?:[eE](?P<exp>[-+]?\d+)(?!\w)| ?[×x*·] ?10 ?\^ ?(?P<exp10>[-+]?\d+)(?![\d^])|\^(?P<pow>\d+)(?![\d^.]))?"
+    r"(?: ?(?P<scale>hundred|thousand|million|billion|trillion)s?(?![A-Za-z])|(?P<suffix>k|K|MM|M|bn|B)(?![A-Za-z]))?"
+    r"(?P<half> (?:and )?(?:a|one) half(?![A-Za-z]))?")
+_SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12,
+           "k": 10**3, "K": 10**3, "M": 10**6, "MM": 10**6, "B": 10**9, "bn": 10**9}
+
+
+class NumberTooLong(ValueError):
+    """A numeral or exponent past Python's integer digit limit (sys.get_int_max_str_digits)."""
+
+
+def numeral_value(m: re.Match[str]) -> Fraction | None:
+    """The exact value of a `NUMBER` match; None when it is no number ("2 3/2", "1/0")."""
+    digits = m["num"].replace(",", "").replace(" ", "")
+    if len(digits) > MAX_DIGITS:
+        raise NumberTooLong(f"a {len(digits)}-digit number (limit {MAX_DIGITS})")
+    value = Fraction(int(digits)) if digits.isdigit() else Fraction(digits)  # int: no string parsing
+    if m["mixed"]:
+        num, den = (int(x) for x in m["mixed"].split("/"))
+        if not 0 < num < den or "." in digits:
+            return None  # "2 3/2" is no mixed number
+        value += Fraction(num, den)
+    elif m["den"]:
+        if Fraction(m["den"]) == 0:
+            return None
+        value /= Fraction(m["den"])
+    value = _powers(m, value)
+    scale = m["scale"] or m["suffix"]
+    value *= _SCALES[scale.lower() if m["scale"] else scale] if scale else 1
+    value += Fraction(1, 2) if m["half"] else 0
+    return -value if bool(m["sign"]) != bool(m["neg"]) else value
+
+
+def _powers(m: re.Match[str], value: Fraction) -> Fraction:
+    exponent = m["exp"] or m["exp10"]
+    if exponent is not None:
+        if abs(int(exponent)) > MAX_DIGITS:
+            raise NumberTooLong(f"10^{exponent} (limit {MAX_DIGITS} digits)")
+        return value * Fraction(10) ** int(exponent)
+    if m["pow"] is not None:
+        power = int(m["pow"])
+        if power * max(1, len(str(abs(value.numerator)))) > MAX_DIGITS:
+            raise NumberTooLong(f"{m['num']}^{power} (limit {MAX_DIGITS} digits)")
+        return value ** power
+    return value
+
+
+def canonical(value: Fraction, slash: bool = False) -> str:
+    """"18", "-0.5", "3/4": an integer, a terminating decimal, else (or when written so) a fraction."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    den, places = value.denominator, 0
+    while den % 10 == 0 or den % 2 == 0 or den % 5 == 0:
+        den //= 10 if den % 10 == 0 else (2 if den % 2 == 0 else 5)
+        places += 1
+    if slash or den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    scaled = abs(value.numerator) * 10**places // value.denominator
+    whole, frac = divmod(scaled, 10**places)
+    return f"{'-' if value < 0 else ''}{whole}.{str(frac).zfill(places).rstrip('0')}"
+
+
+# Each dimension's units and their size in its smallest unit.
+_DIMENSIONS: tuple[dict[str, int], ...] = (
+    {"dollars": 100, "dollar": 100, "bucks": 100, "euros": 100, "euro": 100, "pounds": 100, "cents": 1,
+     "cent": 1, "¢": 1, "pence": 1},
+    {"weeks": 604800, "week": 604800, "days": 86400, "day": 86400, "hours": 3600, "hour": 3600, "hrs": 3600,
+     "hr": 3600, "h": 3600, "minutes": 60, "minute": 60, "mins": 60, "min": 60, "seconds": 1, "second": 1,
+     "secs": 1, "sec": 1},
+    {"years": 12, "year": 12, "yrs": 12, "months": 1, "month": 1},
+    {"miles": 63360, "mile": 63360, "yards": 36, "yard": 36, "yd": 36, "feet": 12, "foot": 12, "ft": 12,
+     "inches": 1, "inch": 1, "in": 1},
+    {"km": 10**6, "kilometers": 10**6, "kilometres": 10**6, "m": 1000, "meters": 1000, "metres": 1000,
+     "meter": 1000, "metre": 1000, "cm": 10, "centimeters": 10, "centimetres": 10, "mm": 1},
+    {"pounds": 16, "pound": 16, "lbs": 16, "lb": 16, "ounces": 1, "ounce": 1, "oz": 1},
+    {"kg": 1000, "kilograms": 1000, "kilogram": 1000, "g": 1, "grams": 1, "gram": 1},
+    {"gallons": 16, "gallon": 16, "gal": 16, "quarts": 4, "quart": 4, "qt": 4, "pints": 2, "pint": 2, "cups": 1,
+     "cup": 1},
+    {"liters": 1000, "litres": 1000, "liter": 1000, "litre": 1000, "l": 1000, "ml": 1, "milliliters": 1,
+     "millilitres": 1},
+)
+_FIRST_UNIT = re.compile(r" ?([A-Za-z¢]+)\.?(?![A-Za-z])")
+_NEXT_PART = re.compile(r",? (?:and )?(\d+(?:\.\d+)?) ?([A-Za-z¢]+)(?![A-Za-z])")
+_CURRENCY = "$€£"
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """The units after a first number: `values(first)` is the whole quantity in each of its units."""
+
+    units: tuple[str, ...]  # largest first: the first number's unit, then each later part's
+    later: tuple[Fraction, ...]  # the numbers after the first
+    sizes: dict[str, int]
+    end: int  # where the quantity ends in the text
+
+    def values(self, first: Fraction) -> tuple[Fraction, ...]:
+        total = first * self.sizes[self.units[0]] + sum(n * self.sizes[u] for n, u in zip(self.later, self.units[1:]))
+        return tuple(total / self.sizes[u] for u in self.units)
+
+
+def read_quantity(text: str, currency: str = "", pos: int = 0) -> Quantity | None:
+    """The paired units after a number ending at `pos`, or None; `currency`: the symbol before it."""
+    if currency and currency in _CURRENCY:
+        units = ["dollars"]
+    else:
+        m = _FIRST_UNIT.match(text, pos)
+        if m is None:
+            return None
+        units, pos = [m.group(1).lower()], m.end()
+    later: list[Fraction] = []
+    while (m := _NEXT_PART.match(text, pos)) is not None and _dimension(units + [m.group(2).lower()]):
+        units.append(m.group(2).lower())
+        later.append(Fraction(m.group(1)))
+        pos = m.end()
+    sizes = _dimension(units) if later else None
+    return Quantity(tuple(units), tuple(later), sizes, pos) if sizes else None
+
+
+def _dimension(units: list[str]) -> dict[str, int] | None:
+    """The dimension in which every unit is known and each is smaller than the one before."""
+    for sizes in _DIMENSIONS:
+        if all(u in sizes for u in units) and all(sizes[a] > sizes[b] for a, b in zip(units, units[1:])):
+            return sizes
+    return None

@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.grading.boxes import scan
-from aioareal.grading.final_answer import find_answer
+from aioareal.grading.final_answer import find_answer, scan
 from aioareal.grading.number_words import last_words, read_words
-from aioareal.grading.numbers import read_last, read_span
-from aioareal.grading.quantities import read_quantity
+from aioareal.grading.numbers import read_last, read_quantity, read_span
 from aioareal.grading.trailers import is_trailer, strip_trailers
 from aioareal.grading.verify import grade
 
