@@ -21,7 +21,7 @@ import torch
 
 from aioareal.config import load_config
 from aioareal.distributed import world as worlds
-from aioareal.distributed.sharding import full_tensor
+from aioareal.distributed.world import full_tensor
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.run.build import build_models, build_trainer
 from aioareal.run.cell import cell_for

@@ -154,7 +154,7 @@ def _flags(model: str | None, mode: str | None, max_staleness: int | None, objec
 def _printer(progress: str) -> Callable[[dict[str, Any]], None] | None:
     """auto: the run's own dashboard on a terminal; elsewhere (a notebook, a log) a line every
     SPARSE_EVERY steps and at each evaluation, which a cell's output can hold."""
-    from ..monitor.plain import plain_line
+    from ..monitor.dashboard import plain_line
 
     def sparse(row: dict[str, Any]) -> None:
         if row.get("step", 0) % SPARSE_EVERY == 0 or row.get("eval_pass_rate") is not None:

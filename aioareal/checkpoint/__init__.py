@@ -1,6 +1,6 @@
-"""Checkpoints: one process's, atomic (`atomic`), sharded ones written by several ranks (`sharded`, on
-torch.distributed.checkpoint), the readers that never run code from a file (`safeload`,
-`safe_reader`) and every decision a `--resume` takes (`resume_plan`). The atomic API is re-exported here:
+"""Checkpoints: one process's, atomic, and the run directory's one writer (`atomic`), sharded ones
+written by several ranks (`sharded`, on torch.distributed.checkpoint), the readers that never run
+code from a file (`safeload`) and every decision a `--resume` takes (`resume_plan`). The atomic API is re-exported here:
 `checkpoint.save(...)`, `checkpoint.latest_readable(...)`."""
 from .atomic import (
                     ADAPTER_DIR,

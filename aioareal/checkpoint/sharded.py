@@ -26,13 +26,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..distributed.sharding import Mirror
-from ..distributed.world import World
+from ..distributed.world import Mirror, World
 from ..errors import UserError
 from . import atomic as checkpoint
 from .atomic import SHARDS, RunState
-from .safe_reader import SafeReader
-from .safeload import load_plain
+from .safeload import SafeReader, load_plain
 
 
 def rng_file(rank: int) -> str:

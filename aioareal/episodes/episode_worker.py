@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from ..generation import Engine
 from ..group import Group
-from .queue import Ask, TurnQueue
+from .handle import Ask, TurnQueue
 from .runner import EpisodeRunner
 
 

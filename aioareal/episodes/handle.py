@@ -7,6 +7,20 @@
 Everything lands in the sample's one record (group.py; docs/episodes.md#one-record). One turn at a
 time. An episode that stops awaiting a turn leaves the sequence running in the engine; the turn is
 recorded when it ends, and the group is handed on only then.
+
+`Codec`: text <-> tokens for episodes, what a model turn says, and how the world's answer is written.
+
+After raw prompts an observation is appended as its text. After chat prompts it is what the chat
+template writes after an assistant turn (SENTINEL) for a message of its role: the turn's end, the
+message, the next assistant header; an end the model already wrote (EOS) is not written twice. A
+template that cannot render the role falls back to "user", then to the raw text (`check` says which).
+
+`TurnQueue`: the turns episodes ask for, on their way to the engine, and the futures the episodes await.
+
+An episode's `turn()` only queues an ask; the engine's driver (episode_worker.py) hands them over
+between two steps (`feed`) and resolves the futures of ended turns after each (`resolve`). The first
+turns of a group's episodes with the same stops and budget merge into one request: one prefill, as a
+plain group's.
 """
 from __future__ import annotations
 
@@ -15,10 +29,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UserError
+from ..generation.turns import StopStrings, TurnRequest
 from ..group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
+from ..models.chat_template import apply_template
+from ..models.prompt_encoding import PromptEncoder
 from ..tools import ERROR_PREFIX, ToolBox
-from .codec import Codec
-from .queue import TurnQueue
 
 # (text, example) -> (reward, whether its check failed): the task's verdict through the reward service
 Scorer = Callable[[str, Any], Awaitable[tuple[float, bool]]]
@@ -139,3 +155,122 @@ class EpisodeGen:
     async def settle(self) -> None:
         """Wait until no turn of this episode is in the engine."""
         await self._idle.wait()
+
+
+SENTINEL = "\x00aioareal-turn\x00"
+
+
+@dataclass
+class Codec:
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]  # a turn's text as the episode reads it (special tokens dropped)
+    decode_raw: Callable[[list[int]], str]  # special tokens kept: stop strings, the template's overlap
+    template: Any | None = None  # the tokenizer, where observations go through its chat template
+
+    def observation(self, text: str, role: str, before: str) -> str:
+        """The observation's text to tokenize; `before`: the last model turn's raw text."""
+        if self.template is None:
+            return text
+        framed = self._framed(text, role) or self._framed(text, "user")
+        if framed is None:
+            return text
+        return framed[_overlap(before, framed):]
+
+    def _framed(self, text: str, role: str) -> str | None:
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL},
+                    {"role": role, "content": text}]
+        try:
+            rendered = apply_template(self.template, messages, add_generation_prompt=True)  # step-bounded
+        except UserError:  # a template that does not end: not a fallback, the run stops
+            raise
+        except Exception:  # a template that refuses this role (jinja raise_exception): the next fallback
+            return None
+        at = rendered.find(SENTINEL)
+        return None if at < 0 else rendered[at + len(SENTINEL):]
+
+    def check(self, role: str = "tool") -> str:
+        """How observations of `role` will be written: "template", "template as user" or "raw"."""
+        if self.template is None:
+            return "raw"
+        if self._framed("1", role) is not None:
+            return "template"
+        return "template as user" if self._framed("1", "user") is not None else "raw"
+
+
+def _overlap(before: str, framed: str) -> int:
+    """The longest start of `framed` that `before` already ends with (an end-of-turn the model wrote)."""
+    for k in range(min(len(before), len(framed)), 0, -1):
+        if before.endswith(framed[:k]):
+            return k
+    return 0
+
+
+def codec_for(tokenizer: Any, chat: bool) -> Codec:
+    """The codec of a run whose prompts use the chat template (`chat`) or not."""
+    return Codec(encode=PromptEncoder(tokenizer).continuation,  # observations continue a prompt: no BOS
+                 decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+                 decode_raw=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+                 template=tokenizer if chat and getattr(tokenizer, "chat_template", None) else None)
+
+
+@dataclass
+class Ask:
+    group: Group
+    index: int
+    stop: tuple[str, ...]
+    max_tokens: int
+    future: asyncio.Future
+    first: bool  # the episode's first ask (until then it holds a place among its group's)
+
+
+class TurnQueue:
+    def __init__(self, decode_raw: Callable[[list[int]], str]) -> None:
+        self.decode_raw = decode_raw
+        self.pending: list[Ask] = []
+        self.waiting: dict[tuple[int, int], asyncio.Future] = {}  # (id(group), index) -> its turn's future
+        self.on_ask: Callable[[Ask], None] = lambda ask: None  # the driver's wake-up: work arrived by itself
+
+    def ask(self, group: Group, index: int, stop: tuple[str, ...], max_tokens: int,
+            first: bool = False) -> asyncio.Future:
+        """Queue a turn for sample `index` of `group`; the future is done when its turn has ended."""
+        ask = Ask(group, index, stop, max_tokens, asyncio.get_running_loop().create_future(), first)
+        self.pending.append(ask)
+        self.on_ask(ask)
+        return ask.future
+
+    @property
+    def pending_sequences(self) -> int:
+        return len(self.pending)
+
+    def feed(self, submit: Callable[[TurnRequest], None]) -> int:
+        """Hand every pending ask to `submit` (the engine's `submit_turn`); returns how many."""
+        merged: dict[tuple, TurnRequest] = {}
+        requests: list[TurnRequest] = []
+        for ask in self.pending:
+            self.waiting[(id(ask.group), ask.index)] = ask.future
+            fresh = not ask.group.samples[ask.index].completion.tokens
+            key = (id(ask.group), ask.stop, ask.max_tokens)
+            if fresh and key in merged:
+                merged[key].indices.append(ask.index)
+                continue
+            stop = StopStrings(ask.stop, self.decode_raw) if ask.stop else None
+            request = TurnRequest(ask.group, [ask.index], stop, ask.max_tokens)
+            requests.append(request)
+            if fresh:
+                merged[key] = request
+        count = len(self.pending)
+        self.pending = []
+        for request in requests:
+            try:
+                submit(request)
+            except ValueError as e:  # the engine cannot serve it: the episode's `turn()` raises, not hangs
+                for index in request.indices:
+                    self.waiting.pop((id(request.group), index)).set_exception(RuntimeError(str(e)))
+        return count
+
+    def resolve(self, ended: list[tuple[TurnRequest, int]]) -> None:
+        """The engine reported these sequences' turns over: wake their episodes."""
+        for request, index in ended:
+            future = self.waiting.pop((id(request.group), index))
+            if not future.done():  # an episode that stopped waiting (cancelled) learns nothing
+                future.set_result(None)

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .spawn import CONTEXT, DEFAULT_MEMORY_MB, kill_worker, start_worker
-from .worker import Deferred, Outcome, serve
+from .worker import CONTEXT, DEFAULT_MEMORY_MB, Deferred, Outcome, kill_worker, serve, start_worker
 
 __all__ = ["Deferred", "Outcome", "WorkerPool", "shared_pool"]
 MAX_FAILED_STARTS = 3  # workers in a row that die before they are ready: the pool gives up

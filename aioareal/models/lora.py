@@ -1,7 +1,7 @@
 """LoRA training through peft (extra `aioareal[lora]`): only rank-r adapters train, the base stays
 frozen (docs/architecture.md#lora-part-by-part). `wrap` injects the adapters and the trainer keeps
 the injected HF model; `AdaptersOff` is the KL reference; `merged_weight` is what the generator
-receives (weightsync/merged_lora.py); `save_adapter` and `save_merged` write the checkpoint's two
+receives (weightsync/full.py); `save_adapter` and `save_merged` write the checkpoint's two
 forms. peft is imported only when a run asks for LoRA: it takes seconds to import.
 """
 from __future__ import annotations

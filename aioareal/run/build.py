@@ -32,8 +32,7 @@ from ..trainer import Trainer
 from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs
 from ..trainer.masters import compile_layers
-from ..weightsync.full import WeightSync
-from ..weightsync.merged_lora import LoraSync
+from ..weightsync.full import LoraSync, WeightSync
 
 Log = Callable[[str], None]
 
@@ -268,7 +267,7 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
     them after a resume restored the trainer: they start at its version. `one_thread`: both sides
     on one CPU thread with a team of that many intra-op threads (devices.one_cpu_team); `stall_s`:
     run.stall_timeout_s, the longest one call into either thread may take (orchestrator/workers.py)."""
-    # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/merged_lora.py).
+    # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/full.py).
     # One thread in sync mode: the generator is idle whenever the trainer publishes, so no staging copy.
     if lora.is_lora(trainer.model):
         sync: WeightSync = LoraSync(trainer.model, gen_model)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from ..errors import one_line
 from ..loops import exit_stalled, run_coroutine
-from ..monitor.plain import plain_line
+from ..monitor.dashboard import plain_line
 
 DUPLICATE_S = 0.1  # a second signal sooner than this is a duplicate delivery, not a second Ctrl-C
 _interruptible: list[tuple[asyncio.AbstractEventLoop, Stoppable]] = []  # runs on a loop of their own thread

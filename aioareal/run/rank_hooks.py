@@ -25,8 +25,7 @@ from typing import Any
 from .. import checkpoint
 from ..checkpoint import RunState
 from ..checkpoint import sharded as dcp
-from ..distributed.sharding import Mirror
-from ..distributed.world import World
+from ..distributed.world import Mirror, World
 from ..orchestrator import Hooks, StepReport
 
 COUNTERS = ("cursor", "ledger", "reward_failures")  # what each rank's checkpoint state holds of its own

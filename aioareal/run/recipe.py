@@ -18,7 +18,7 @@ import torch
 
 from .. import checkpoint
 from ..checkpoint import RunState
-from ..checkpoint.ownership import own_run_dir, release_run_dir, remove_husk
+from ..checkpoint.atomic import own_run_dir, release_run_dir, remove_husk
 from ..checkpoint.resume_plan import decide, resume_config
 from ..config import Config, dump_yaml, save_config
 from ..devices import fix_mmap_threshold, threads_restored, with_run_threads
@@ -26,9 +26,8 @@ from ..errors import RunStopped, UserError
 from ..evaluation.scored_completions import KeptCompletions
 from ..generation.backends import Backend
 from ..models import eos_token_ids, load_tokenizer, lora
-from ..monitor.dashboard import Dashboard
+from ..monitor.dashboard import Dashboard, wants_dashboard
 from ..monitor.live import LiveState
-from ..monitor.plain import wants_dashboard
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
 from ..orchestrator.admission import PromptSource

@@ -31,7 +31,7 @@ import torch
 
 from .. import checkpoint
 from ..checkpoint import RunState
-from ..checkpoint.ownership import own_run_dir, release_run_dir
+from ..checkpoint.atomic import own_run_dir, release_run_dir
 from ..checkpoint.resume_plan import decide, resume_config
 from ..config import Config, load_config, save_config
 from ..devices import resolve_device

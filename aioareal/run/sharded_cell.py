@@ -21,8 +21,7 @@ from ..checkpoint import RunState
 from ..checkpoint import sharded as sharded_checkpoint
 from ..config import Config, to_dict
 from ..devices import resolve_device
-from ..distributed.sharding import Mirror, shard_policy
-from ..distributed.world import Collective, Global, World
+from ..distributed.world import Collective, Global, Mirror, World, shard_policy
 from ..errors import ConfigError
 from ..evaluation.scored_completions import EvalSet, KeptCompletions, build_evaluator, shard_eval_set, sharded_evaluator
 from ..monitor.metrics import RunLog

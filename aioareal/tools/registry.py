@@ -7,8 +7,7 @@ import inspect
 
 from ..errors import ConfigError, UserError
 from ..usercode import resolve_spec
-from .calculator import calculate
-from .toolbox import Tool, ToolBox, ToolThreads
+from .toolbox import Tool, ToolBox, ToolThreads, calculate
 
 BUILTIN = {"calculator": calculate}
 

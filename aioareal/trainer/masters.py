@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..distributed.sharding import decoder_layers
+from ..distributed.world import decoder_layers
 from ..errors import UserError
 
 PRECISIONS = ("autocast", "masters")

@@ -8,7 +8,7 @@ data keys, by each protocol asked for:
 - `lm-eval`: GSM8K as lm-evaluation-harness scores it, 5-shot, greedy (evaluation/lm_eval.py).
 Prints one table, the targets side by side (`eval BASE RUN`: before and after), a section per
 protocol; writes every completion to OUT/eval.jsonl and the figures to OUT/figures.json, and prints
-the figures' JSON line last. The figures: evaluation/pass_at_k.py; docs/evaluate.md says what each means."""
+the figures' JSON line last. The figures: evaluation/scored_completions.py; docs/evaluate.md says what each means."""
 from __future__ import annotations
 
 import argparse
@@ -26,8 +26,19 @@ from ..config.limits import GROUP_MAX, check_flag
 from ..devices import resolve_device
 from ..errors import UserError, guarded, one_line
 from ..evaluation import lm_eval
-from ..evaluation.pass_at_k import PromptVerdicts, answer_reader, completion_figures, ks_up_to, mean_se, sampled_figures
-from ..evaluation.scored_completions import Scored, failures_line, generate, held_out_rewards, score
+from ..evaluation.scored_completions import (
+    PromptVerdicts,
+    Scored,
+    answer_reader,
+    completion_figures,
+    failures_line,
+    generate,
+    held_out_rewards,
+    ks_up_to,
+    mean_se,
+    sampled_figures,
+    score,
+)
 from ..generation import SamplingParams
 from ..generation.turns import StopStrings
 from ..io import append_jsonl, atomic_write_text

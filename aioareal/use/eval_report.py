@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any, TextIO
 
-from ..evaluation.pass_at_k import ks_up_to
+from ..evaluation.scored_completions import ks_up_to
 
 PLAIN_EVERY = 0.25  # without a terminal: a line at each quarter of a phase
 

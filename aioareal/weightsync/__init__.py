@@ -1,2 +1,2 @@
-"""Trainer -> generator weight publishing: `full` (every parameter, staged on a dedicated stream) and
-`lora` (merged adapter matrices only)."""
+"""Trainer -> generator weight publishing: `full.py`: every parameter, staged on a
+dedicated stream, or with LoRA the merged adapter matrices only."""

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioareal.config import load_config
-from aioareal.config.bounded_yaml import MAX_DEPTH, load_yaml, load_yaml_text
+from aioareal.config.layering import MAX_DEPTH, load_yaml, load_yaml_text
 from aioareal.errors import SHOWN_CHARS, UserError, shown
 from aioareal.lab.experiments.load import read_config
 from aioareal.lab.experiments.sweep import read_spec

@@ -16,8 +16,7 @@ import torch.distributed.checkpoint as dcp
 
 from aioareal.checkpoint import RunState
 from aioareal.checkpoint.resume_plan import resume_target
-from aioareal.checkpoint.safe_reader import check_shards, read_metadata
-from aioareal.checkpoint.safeload import UnsafeFile
+from aioareal.checkpoint.safeload import UnsafeFile, check_shards, read_metadata
 from aioareal.checkpoint.sharded import rank_state
 from aioareal.config import load_config
 from aioareal.distributed.world import World, is_collective_failure, rank_error

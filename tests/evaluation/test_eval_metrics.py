@@ -1,4 +1,4 @@
-"""The figures of `eval` (aioareal/evaluation/pass_at_k.py): pass@k against a brute-force count over
+"""The figures of `eval` (aioareal/evaluation/scored_completions.py): pass@k against a brute-force count over
 every k-subset, its invariants, maj@k on hand cases, standard errors."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioareal.evaluation.pass_at_k import (
+from aioareal.evaluation.scored_completions import (
     PromptVerdicts,
     completion_figures,
     ks_up_to,
@@ -118,7 +118,7 @@ def test_no_answers_no_maj():
 
 
 def test_final_answers_for_voting():
-    from aioareal.evaluation.pass_at_k import answer_reader
+    from aioareal.evaluation.scored_completions import answer_reader
     from aioareal.tasks import ArithmeticTask
 
     raw = answer_reader(ArithmeticTask())

@@ -16,8 +16,7 @@ from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.group import Completion, Group, Sample
 from aioareal.models import lora
 from aioareal.trainer import Trainer, train_step
-from aioareal.weightsync.full import WeightSync
-from aioareal.weightsync.merged_lora import LoraSync
+from aioareal.weightsync.full import LoraSync, WeightSync
 
 peft = pytest.importorskip("peft")  # aioareal imports peft only when a run asks for LoRA
 CPU = torch.device("cpu")

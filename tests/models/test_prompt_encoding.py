@@ -141,7 +141,7 @@ def test_chat_prompts_are_encoded_as_the_template_renders_them():
 
 
 def test_chat_and_episodes_encode_through_the_one_encoder():
-    from aioareal.episodes.codec import codec_for
+    from aioareal.episodes.handle import codec_for
     from aioareal.use.chat import Conversation
 
     class Model:

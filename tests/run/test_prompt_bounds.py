@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from template_helpers import tokenizer_with
 
-from aioareal.episodes.codec import Codec
+from aioareal.episodes.handle import Codec
 from aioareal.errors import UserError
 from aioareal.group import Example
 from aioareal.models.shapes import build_char_tokenizer

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from aioareal.checkpoint.ownership import RUN_LOCK, own_run_dir, release_run_dir
+from aioareal.checkpoint.atomic import RUN_LOCK, own_run_dir, release_run_dir
 from aioareal.config import load_config, save_config
 from aioareal.errors import UserError
 from aioareal.run.recipe import resume, train
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 # A live run, as the kernel sees it: a process holding an flock on the directory's lock file, its pid
-# written inside (ownership.py). Without importing the package, so it starts in a blink.
+# written inside (checkpoint/atomic.py). Without importing the package, so it starts in a blink.
 HOLD = ("import fcntl, os, sys, time; os.makedirs(sys.argv[1], exist_ok=True); "
         f"fd = os.open(os.path.join(sys.argv[1], {RUN_LOCK!r}), os.O_RDWR | os.O_CREAT); "
         "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); os.write(fd, b'%d\\n' % os.getpid()); "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioareal.evaluation.pass_at_k import answer_reader
+from aioareal.evaluation.scored_completions import answer_reader
 from aioareal.tasks.arithmetic import ArithmeticTask, line_answer
 
 

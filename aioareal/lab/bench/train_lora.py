@@ -28,8 +28,7 @@ from ...models.lora import trainable_parameters, wrap
 from ...trainer.batching import MicroBatch, pack
 from ...trainer.masters import compile_layers
 from ...trainer.optim import adamw_kind
-from ...weightsync.full import WeightSync
-from ...weightsync.merged_lora import LoraSync
+from ...weightsync.full import LoraSync, WeightSync
 from .harness import (
     alternate,
     build_model,

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ...config import Config, to_dict
-from ...config.bounded_yaml import load_yaml
+from ...config.layering import load_yaml
 from ...errors import DataError, UserError, reading
 from ...io import iter_jsonl
 

@@ -27,7 +27,7 @@ from typing import Any
 from ... import checkpoint
 from ...checkpoint import is_done
 from ...config import Config, load_config
-from ...config.bounded_yaml import load_yaml
+from ...config.layering import load_yaml
 from ...errors import DataError, UserError, one_line
 
 SHORT = {"rollout.mode": "mode", "rollout.max_staleness": "K", "algo.objective": "obj", "run.seed": "seed"}
