@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..generation.turns import StopStrings, TurnRequest
+from ..generation.sequence import StopStrings, TurnRequest
 from ..group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
 from ..models.chat_template import apply_template
 from ..models.prompt_encoding import PromptEncoder

@@ -43,7 +43,7 @@ from ..errors import one_line
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..generation.forward import kv_bytes_per_token
-from ..generation.turns import StopStrings
+from ..generation.sequence import StopStrings
 from ..grading.final_answer import extract_answer, normalize_number
 from ..group import Completion, Example, Group
 from ..loops import run_coroutine
@@ -80,7 +80,7 @@ def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[li
     max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
     fit = KV_BUDGET_BYTES // (max_len * kv_bytes_per_token(model, next(model.parameters()).dtype))
     slots = max(size, min(MAX_SLOTS, size * len(prompt_ids), fit))
-    # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/fusion.py).
+    # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/forward.py).
     options = EngineOptions(slots, max_len, params, seed=seed, fuse=False, stop=stop,
                             prompt_prefix=tuple(common_prefix(prompt_ids)))
     engine = make_engine(model, eos_ids, options, backend)
@@ -190,7 +190,7 @@ def evaluate(model: PreTrainedModel, eval_set: EvalSet, rewards: RewardService, 
     # generate() runs the engine with fuse=False: `model` is the trainer's own (or its gathered
     # mirror, which checkpoints export); fusing would make its q/k/v and gate/up parameters share
     # storage, which save_pretrained refuses and FSDP or a later `.to()` would silently undo
-    # (generation/fusion.py).
+    # (generation/forward.py).
     phases = [SamplingParams(greedy=True, max_new_tokens=max_new_tokens)]
     if samples:
         phases.append(SamplingParams(temperature, 1.0, max_new_tokens))

@@ -1,9 +1,9 @@
 """Continuous-batching generation engine over a fixed pool of KV-cache slots.
 
-Each `step()` admits waiting groups and episodes' turns (turns.py) into free slots (one prefill per
+Each `step()` admits waiting groups and episodes' turns (sequence.py) into free slots (one prefill per
 prompt, its K/V written into all G slots of the group), decodes one token in every live slot, and
 reads the tokens on the host, which records them and frees finished slots. Liveness stays on the
-device, which ends a slot at EOS or its length limit (transfers.py); the host ends it at a stop string.
+device, which ends a slot at EOS or its length limit (sequence.py); the host ends it at a stop string.
 With `overlap` (on by default on CUDA) step t+1 is launched before the host reads step t's tokens.
 
 A published version is `adopt`ed between steps: the stream waits on the copy's event, and by default
@@ -12,11 +12,18 @@ Each token carries the version of the weights that sampled it.
 
 Host syncs, all of them: one per step for its tokens (with overlap, the previous step's copy event);
 with overlap, one more when a version is adopted with `recompute_kv`; one per new CUDA graph
-(graphs.py). Everything else goes up by pinned non-blocking copies (transfers.py upload).
+(`DecodeGraphs`, below). Everything else goes up by pinned non-blocking copies (sequence.py upload).
+
+`DecodeGraphs`: CUDA graphs for decode steps, captured lazily per (batch bucket, attention span).
+
+A replay runs the whole decode (layers, sampling, state update) in one launch; without it launch
+latency dominates small-model decoding. Graphs hold raw pointers, so everything they read lives in
+persistent buffers and weight sync copies in place (docs/architecture.md rule 5).
 """
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -27,9 +34,7 @@ from ..group import Group
 from ..timing import PhaseTimer
 from .family_forward import build_forward
 from .forward import KVCache
-from .graphs import DecodeGraphs, can_use_own_generator
 from .prefix import PrefixLayout, layout_of
-from .queue_front import QueueFront
 from .sampling import (  # noqa: F401
     GRAPH_SPAN_BUCKET,
     SHORT_SPAN,
@@ -39,16 +44,14 @@ from .sampling import (  # noqa: F401
     resolve_overlap,
     sampler_for,
 )
-from .scheduler import Scheduler, same_size_runs
-from .sequence import Running
-from .transfers import SlotLimits, StepOutput, to_host, upload, upload_padded
-from .turns import StopStrings, TurnRequest
+from .scheduler import QueueFront, Scheduler, same_size_runs
+from .sequence import Running, SlotLimits, StepOutput, StopStrings, TurnRequest, to_host, upload, upload_padded
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     """How an engine is sized and how it decodes (`engine_options` builds it from the config).
-    `fuse`: fusion.py; False for a model that also trains. `overlap`: True, False or "auto" (CUDA).
+    `fuse`: forward.py; False for a model that also trains. `overlap`: True, False or "auto" (CUDA).
     `fused_sampler`: sampling.py `fused_sample`. `shared_prefix`: prefix.py, eager only. The HF
     fallback reads the sizes, `params`, `seed`, `recompute_kv`, `timed` and `stop`."""
 
@@ -183,7 +186,7 @@ class Engine(QueueFront):
 
     def _launch_copy(self, first: torch.Tensor | None, decoded: torch.Tensor | None,
                      admitted: list[Running], running: list[Running]) -> StepOutput | None:
-        """The step's tokens and logprobs on their way to the host (transfers.py StepOutput)."""
+        """The step's tokens and logprobs on their way to the host (sequence.py StepOutput)."""
         parts = [t for t in (first, decoded) if t is not None]
         if not parts:
             return None
@@ -295,3 +298,58 @@ class Engine(QueueFront):
         slots = upload([r.slot for r in seqs], self.device)
         self.fwd.prefill(self.cache, upload_padded(prefixes, self.device), lengths, slots)
         self.stale_cache = False
+
+
+# Capture in thread-local mode: the trainer thread keeps launching its own work meanwhile.
+CAPTURE_MODE = "thread_local"
+
+
+def can_use_own_generator() -> bool:
+    """Graphs can draw from a private generator only where PyTorch can register it with a graph."""
+    return hasattr(torch.cuda.CUDAGraph, "register_generator_state")
+
+
+class DecodeGraphs:
+    def __init__(self, decode: Callable[[int, int], torch.Tensor], generator: torch.Generator | None,
+                 num_slots: int, state: list[torch.Tensor]) -> None:
+        self.decode = decode
+        self.generator = generator
+        self.ladder = sorted({min(num_slots, 1 << i) for i in range(num_slots.bit_length() + 1)})
+        self.state = state  # tensors a warm-up run mutates, restored before capture
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def bucket(self, n: int) -> int:
+        return next(b for b in self.ladder if b >= n)
+
+    def run(self, n: int, span: int) -> torch.Tensor:
+        key = (self.bucket(n), span)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(*key)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out
+
+    def _capture(self, batch: int, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # An eager warm-up lets kernels pick their algorithms outside the capture. It writes the K/V
+        # the replay writes again; the decode state and the RNG are restored, so a seeded run samples
+        # the same tokens with graphs as without.
+        saved = [t.clone() for t in self.state]
+        rng = self.generator.get_state() if self.generator is not None else torch.cuda.get_rng_state()
+        self.decode(batch, span)
+        for t, s in zip(self.state, saved):
+            t.copy_(s)
+        if self.generator is not None:
+            self.generator.set_state(rng)
+        else:
+            torch.cuda.set_rng_state(rng)
+        graph = torch.cuda.CUDAGraph()
+        if self.generator is not None:
+            graph.register_generator_state(self.generator)
+        # A host sync: `torch.cuda.graph` synchronizes the device on entry. Once per new (batch
+        # bucket, span) key, so a run pays it a handful of times while the span grows, then never.
+        with torch.cuda.graph(graph, pool=self.pool, stream=torch.cuda.current_stream(),
+                              capture_error_mode=CAPTURE_MODE):
+            out = self.decode(batch, span)
+        self.pool = graph.pool()
+        return graph, out

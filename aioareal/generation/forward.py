@@ -1,26 +1,47 @@
 """A static-KV-cache forward pass over a Hugging Face Qwen2/Llama-family model's own modules.
 
 No weights are copied: the engine calls the model's Linear and norm modules (with `fuse`, a fused
-weight the HF parameters are re-pointed into, fusion.py), so a weight sync's in-place `param.copy_`
+weight the HF parameters are re-pointed into, `fuse` below), so a weight sync's in-place `param.copy_`
 is seen by the next step, CUDA graphs included. The cache is (slots, max_len, kv_heads, head_dim)
 per layer; prefill writes whole prompts, decode one token per slot over a length bucket.
 
 This is the plain Llama/Qwen layer (pre-norm RMSNorm, SiLU MLP, RoPE of any variant in every layer,
-no sliding window; Qwen3's q/k norms). Other families run in family_forward.py (families.py).
+no sliding window; Qwen3's q/k norms). Other families run in family_forward.py (which: `unsupported_reason`).
+
+
+`fuse`, fused projections for the engine: q|k|v as one matmul per layer and gate|up as another, the same
+bytes read in two launches instead of five.
+
+The fused weight is the model's storage, not a copy: each HF Linear's parameter is re-pointed
+(`param.data = fused[rows]`) at its rows, so the weight sync's in-place `param.copy_` lands in it and
+every later pass (eager, compiled, or a CUDA graph holding its pointer) sees the new weights.
+
+`fusable` refuses what is not exactly `nn.Linear` (LoRA wrappers, quantised layers), sharded
+parameters (FSDP owns their storage), and mixed dtypes, devices or biases. Never fuse a model that
+trains (evaluation passes `fuse=False`): `save_pretrained` refuses shared storage, and anything
+that later rebinds a parameter (`fully_shard`, `.to()`, `load_state_dict(assign=True)`) silently
+detaches it from the tensor the engine reads.
+
+`unsupported_reason`: which Hugging Face model families the engine implements exactly, and why it refuses the rest.
+
+The engine reimplements each family's decoder over the model's own modules, so it is right only for
+families whose differences it knows, each proven against the model's forward in
+tests/generation/test_families.py. Anything else gets a one-line reason (backends.py).
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..models.attention import short_attention
-from .families import unsupported_reason
-from .fusion import FusedLinear, fuse
 from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -34,7 +55,7 @@ def matmul_attention_pays(q: torch.Tensor) -> bool:
 
 
 def check_supported(config, max_len: int) -> None:
-    """Refuse, in one line, a model the engine does not implement exactly (families.py)."""
+    """Refuse, in one line, a model the engine does not implement exactly (`unsupported_reason`)."""
     reason = unsupported_reason(config, max_len)
     if reason is not None:
         raise UserError(f"model: {reason}")
@@ -245,7 +266,7 @@ class FastForward:
 # The rotary tables come from the model's own `rotary_emb`, so every RoPE variant transformers
 # implements is the engine's too: asked once for positions [0, max_len), gathered per pass. The
 # length-dependent variants (dynamic, longrope) match only while max_len stays within their original
-# length; families.py refuses longer contexts.
+# length; `unsupported_reason` refuses longer contexts.
 Tables = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (max_len, rotary_dim) each
 
 
@@ -316,3 +337,115 @@ class PackedLinears:
     def drop(self) -> None:
         """The weights changed (a new version adopted): pack each again at its next use."""
         self._packed.clear()
+
+
+@dataclass
+class FusedLinear:
+    """Several Linear layers over the same input as one: weight (sum of outputs, inputs)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    sizes: list[int]  # output features of each original layer, in order
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x (..., inputs) -> one (..., size) view per original layer."""
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def fusable(linears: list[nn.Module]) -> bool:
+    """Whether `linears` can share one weight tensor without changing what any of them computes."""
+    if not all(type(m) is nn.Linear for m in linears):  # exactly nn.Linear: no wrapper, no subclass
+        return False
+    params = [p for m in linears for p in (m.weight, m.bias) if p is not None]
+    if any(isinstance(p, DTensor) for p in params):
+        return False
+    if len({(p.dtype, p.device) for p in params}) != 1:
+        return False
+    biases = [m.bias is not None for m in linears]
+    return all(biases) or not any(biases)
+
+
+@torch.no_grad()
+def fuse(linears: list[nn.Module]) -> FusedLinear | None:
+    """Move the layers' weights (and biases) into one fused tensor each and re-point every layer's
+    parameters at their rows of it; None, with nothing changed, where `fusable` says no."""
+    if not fusable(linears):
+        return None
+    # no_grad, not inference mode: the parameters stay ordinary tensors an optimizer could update.
+    weight = torch.cat([m.weight.detach() for m in linears])  # (sum of outputs, inputs)
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([m.bias.detach() for m in linears]) if has_bias else None
+    sizes = [m.out_features for m in linears]
+    start = 0
+    for m, size in zip(linears, sizes):
+        m.weight.data = weight[start:start + size]  # same Parameter object, storage now the fused rows
+        if bias is not None:
+            m.bias.data = bias[start:start + size]
+        start += size
+    return FusedLinear(weight, bias, sizes)
+
+
+def shares_storage(linear: nn.Linear, fused: FusedLinear) -> bool:
+    """Whether `linear`'s weight still lives in `fused` (false after something rebound it)."""
+    return linear.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+
+
+ENGINE_FAMILIES = frozenset({
+    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2",
+    "granite", "smollm3",
+})
+ROPE_TYPES = frozenset({"default", "linear", "dynamic", "yarn", "longrope", "llama3"})
+LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})  # frequencies change past a length
+
+
+def unsupported_reason(hf_config: Any, max_len: int | None = None) -> str | None:
+    """None where the engine implements this model exactly (for `max_len` tokens), else a short reason."""
+    kind = getattr(hf_config, "model_type", None)
+    if kind not in ENGINE_FAMILIES:
+        return f"model_type '{kind}' is not implemented by the engine"
+    if getattr(hf_config, "use_bidirectional_attention", False):
+        return f"model_type '{kind}' with use_bidirectional_attention is not implemented by the engine"
+    for params in _rope_parameters(hf_config):
+        reason = _rope_reason(hf_config, params, max_len)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _rope_parameters(config: Any) -> list[dict]:
+    """The RoPE parameter sets of `config`: one, or one per layer type (Gemma 3)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return []
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return list(params.values())
+    return [params]
+
+
+def _rope_reason(config: Any, params: dict, max_len: int | None) -> str | None:
+    rope = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope not in ROPE_TYPES:
+        return f"RoPE type '{rope}' is not implemented by the engine"
+    if rope in LENGTH_DEPENDENT_ROPE and max_len is not None:
+        limit = _original_length(config, params, rope)
+        if limit is not None and max_len > limit:
+            return (f"RoPE type '{rope}' changes its frequencies past {limit} tokens, and the engine "
+                    f"keeps one table for its context of {max_len}")
+    return None
+
+
+def _original_length(config: Any, params: dict, rope: str) -> int | None:
+    """Up to which length a length-dependent RoPE keeps its short-sequence frequencies (as transformers)."""
+    if rope == "dynamic":
+        return getattr(config, "max_position_embeddings", None)
+    return params.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None) or getattr(config, "max_position_embeddings", None)
+
+
+def logit_transform(hf_config: Any) -> tuple[float | None, float | None]:
+    """(divisor, soft cap): what the family's ForCausalLM does to lm_head's output, which any code
+    calling the head itself must do too (Granite's logits_scaling, Gemma 2 and 3's soft cap)."""
+    kind = getattr(hf_config, "model_type", None)
+    divisor = getattr(hf_config, "logits_scaling", None) if kind == "granite" else None
+    cap = getattr(hf_config, "final_logit_softcapping", None) if kind in ("gemma2", "gemma3_text") else None
+    return divisor, cap

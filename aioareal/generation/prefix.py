@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sequence import Running
-from .transfers import upload
+from .sequence import Running, upload
 
 
 @dataclass

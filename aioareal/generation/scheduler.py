@@ -1,6 +1,10 @@
 """Host side of the engine: the queue, which slot holds which sequence, and the bookkeeping of
-sampled tokens. The device applies the same end rule on its own (transfers.py SlotLimits); the
+sampled tokens. The device applies the same end rule on its own (sequence.py SlotLimits); the
 host's decision is the one that counts for results (`finish_reason`, when a slot is free).
+
+`QueueFront`, the queue side every generation backend shows the orchestrator (engine.py, backends.py): what
+waits, what runs, what is free, and how groups and episodes' turns get in. The host state lives in
+the backend's `Scheduler` (above); `QueueFront` reads and feeds it, the same for both backends.
 """
 from __future__ import annotations
 
@@ -9,9 +13,8 @@ import itertools
 from collections import deque
 
 from ..group import Group
-from .sequence import GroupTally, Running
-from .transfers import StepOutput
-from .turns import StopStrings, TurnEnds, TurnRequest
+from .sampling import SamplingParams
+from .sequence import GroupTally, Running, StepOutput, StopStrings, TurnEnds, TurnRequest
 
 
 class Scheduler:
@@ -62,7 +65,7 @@ class Scheduler:
         return groups, admitted
 
     def _resume(self, turn: TurnRequest) -> list[Running]:
-        """An episode's turn takes slots: each sample continues its completion (turns.py). The
+        """An episode's turn takes slots: each sample continues its completion (sequence.py). The
         episode's budget counts every token after the prompt, observations included."""
         prompt_len = len(turn.group.prompt_ids)
         done = len(turn.history)
@@ -106,7 +109,7 @@ class Scheduler:
     def _append(self, r: Running, token: int, logprob: float, version: int,
                 finished: list[Group]) -> int:
         """Record one token; return the sequence's next position, or -1 if it finished. The same
-        rule as the device's (transfers.py SlotLimits), which has already cleared `live` where this ends."""
+        rule as the device's (sequence.py SlotLimits), which has already cleared `live` where this ends."""
         c = r.completion
         c.tokens.append(token)
         c.logprobs.append(logprob)
@@ -140,3 +143,56 @@ def same_size_runs(units: list[Group | TurnRequest]) -> list[tuple[list[Group | 
         runs.append((part, row, row + size * len(part)))
         row += size * len(part)
     return runs
+
+
+class QueueFront:
+    sched: Scheduler
+    num_slots: int
+    max_len: int
+    params: SamplingParams
+
+    @property
+    def free(self) -> list[int]:
+        return self.sched.free
+
+    @property
+    def waiting(self) -> deque[Group]:
+        return self.sched.waiting
+
+    @property
+    def running(self) -> dict[int, Running]:
+        return self.sched.running
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.sched.tokens_generated
+
+    @property
+    def decode_tokens(self) -> int:
+        return self.sched.decode_tokens
+
+    @property
+    def busy(self) -> bool:
+        """Work left (a step in flight with no running sequence holds only extra tokens: dropped unread)."""
+        return bool(self.waiting or self.running)
+
+    def submit(self, group: Group) -> None:
+        """Queue `group`: its `size` completions are sampled into `group.samples` and it comes back
+        from a later `step()` when every one has finished."""
+        if group.size > self.num_slots:
+            raise ValueError(f"a group of {group.size} samples cannot fit in {self.num_slots} slots")
+        if len(group.prompt_ids) + self.params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of {len(group.prompt_ids)} tokens + {self.params.max_new_tokens} new "
+                             f"tokens exceeds the engine context of {self.max_len}")
+        if group.group_id in self.sched.unfinished or any(g.group_id == group.group_id for g in self.waiting):
+            raise ValueError(f"group id {group.group_id} is already in this engine")
+        self.waiting.append(group)
+
+    def submit_turn(self, turn: TurnRequest) -> None:
+        """Queue an episode's turn (sequence.py); `take_turns` reports each of its sequences' end."""
+        turn.check(self.num_slots, self.max_len, self.params.max_new_tokens)
+        self.waiting.append(turn)
+
+    def take_turns(self) -> list[tuple[TurnRequest, int]]:
+        """The (turn, sample index) of every sequence whose turn ended since the last call."""
+        return self.sched.turns.take()

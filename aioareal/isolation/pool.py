@@ -2,7 +2,7 @@
 
 A thread cannot be stopped, and code holding the GIL (sympy on `9^{9^{9}}`) stalls every thread, the
 event loop included; a process can be killed. So unbounded work goes over as a `Deferred` to a spawned,
-reused worker (spawn.py). One dispatcher thread owns the workers: it hands out jobs, waits on pipes and
+reused worker (worker.py). One dispatcher thread owns the workers: it hands out jobs, waits on pipes and
 expiry times, and resolves each future with an `Outcome`; on expiry it SIGKILLs the worker and spawns
 a replacement whose start-up is charged to no job (`ProcessPoolExecutor` breaks when one worker is
 killed). A job expires `timeout_s` after it starts, or at its absolute `deadline`; one that ran out
@@ -232,7 +232,7 @@ class WorkerPool:
 
     def _stop(self, worker: _Worker, error: str) -> None:
         """Kill a worker; its job (if any) resolves as a timeout, or as `error` when one is given."""
-        kill_worker(worker.process)  # and the processes it started (spawn.py)
+        kill_worker(worker.process)  # and the processes it started (worker.py)
         worker.process.join(2)
         worker.conn.close()
         if worker.job is not None:

@@ -205,7 +205,7 @@ def build_engine(config: Config, model: PreTrainedModel, eos: list[int], max_len
     """The generation engine; `timed` records its phases for the metrics (a benchmark of the
     engine alone turns that off: on CUDA it costs two events per phase per step); `seed`: the
     sampling seed (default run.seed; each torchrun rank has its own); `fuse`: fused q/k/v and
-    gate/up projections (generation/fusion.py; `model` must be the generator's own copy); `prefix`:
+    gate/up projections (generation/forward.py; `model` must be the generator's own copy); `prefix`:
     EngineOptions.prompt_prefix. `backend` (default generation.backend): the engine or the HF
     fallback (generation/backends.py); `log` hears, once, that a model runs on the fallback."""
     g, a = config.generation, config.algo

@@ -63,8 +63,8 @@ class MicroBatch:
     prox_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
-    share: PromptShare | None = None  # the same rows with each prompt computed once (shared_prompts.py)
-    varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (varlen.py)
+    share: PromptShare | None = None  # the same rows with each prompt computed once (`PromptShare`, below)
+    varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (`VarlenRows`, below)
     tree: PrefixTree | None = None  # the same rows with each distinct prefix computed once (prefix_tree.py)
     # The mini-batch's samples set aside (`set_aside`), carried by one of its micro-batches.
     aside_rows: int = 0

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from ..generation.families import logit_transform
+from ..generation.forward import logit_transform
 from ..models.lora import decoder
 from .batching import PromptShare, VarlenRows, shared_hidden
 from .prefix_tree import PrefixTree, tree_hidden
@@ -105,7 +105,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
                    tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions: logp (b, L-1) and
     entropy (b, L-1), zero off the mask. `share`, `varlen` or `tree`: the same rows in that layout
-    (shared_prompts.py, varlen.py, prefix_tree.py)."""
+    (batching.py, batching.py, prefix_tree.py)."""
     if tree is not None:
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
         logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),

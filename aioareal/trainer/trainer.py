@@ -16,7 +16,7 @@ from .. import losses
 from ..config import AlgoConfig, TrainConfig
 from ..distributed.world import LOCAL, Collective
 from ..errors import UserError
-from ..generation.layer_plan import sliding_windows
+from ..generation.family_forward import sliding_windows
 from ..group import Group
 from ..timing import PhaseTimer
 from .batching import MicroBatch, pack, set_aside, use_varlen
@@ -64,7 +64,7 @@ class Trainer:
         self.collective = collective
         self.temperature, self.logprob_chunk = temperature, train.logprob_chunk
         self.loss_constant = float(loss_constant or 0.0)
-        self.max_logprob_gap = math.inf  # train.max_logprob_gap, set by run/build.py (step.py checks it)
+        self.max_logprob_gap = math.inf  # train.max_logprob_gap, set by run/build.py (`train_step` checks it)
         self.device = next(model.parameters()).device
         # Only what trains: all parameters in full fine-tuning, the adapters alone with LoRA.
         freeze_embeddings(model, algo)  # algo.embedding_lr_scale=0

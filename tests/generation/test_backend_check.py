@@ -14,9 +14,8 @@ from engine_helpers import tiny
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.backends import checked, gap_bound, startup_gap
+from aioareal.generation.backends import HFEngine, checked, gap_bound, startup_gap
 from aioareal.generation.forward import FastForward
-from aioareal.generation.hf_backend import HFEngine
 from aioareal.run import recipe
 from aioareal.run.recipe import train
 from aioareal.trainer.trainer import check_gap

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections (generation/fusion.py) against the module-by-module path,
+"""Fused q/k/v and gate/up projections (generation/forward.py) against the module-by-module path,
 before and after the weights change in place."""
 import pytest
 import torch
@@ -6,9 +6,8 @@ from engine_helpers import generate, tiny
 from torch import nn
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.forward import FastForward
-from aioareal.generation.fusion import fuse, shares_storage
-from aioareal.generation.transfers import upload_padded
+from aioareal.generation.forward import FastForward, fuse, shares_storage
+from aioareal.generation.sequence import upload_padded
 from aioareal.group import Group
 from aioareal.weightsync.full import WeightSync
 

@@ -1,4 +1,4 @@
-"""Every model family the engine claims (aioareal/generation/families.py), proven against the model's
+"""Every model family the engine claims (aioareal/generation/forward.py), proven against the model's
 own forward: tiny random models (2 layers, hidden 64) built from transformers' config classes, fp32,
 the engine's sampled tokens' log-probs against one full HF forward over prompt + completion (prefill
 and decode), with the weights changed and adopted mid-rollout, and sliding windows shorter than the
@@ -16,10 +16,9 @@ from engine_helpers import generate, new_weights_after, random_groups, reference
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.backends import checked, choose, gap_bound, make_engine, startup_gap
-from aioareal.generation.families import unsupported_reason
+from aioareal.generation.backends import HFEngine, checked, choose, gap_bound, make_engine, startup_gap
 from aioareal.generation.family_forward import FamilyForward, build_forward
-from aioareal.generation.hf_backend import HFEngine
+from aioareal.generation.forward import unsupported_reason
 from aioareal.group import Completion, Group, Sample
 from aioareal.trainer import Trainer
 

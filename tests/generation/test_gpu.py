@@ -109,7 +109,7 @@ def test_weight_sync_on_streams_lands_before_the_next_forward():
 
 
 def test_fused_engine_in_graphs_decodes_with_synced_weights():
-    """Fused q/k/v and gate/up (generation/fusion.py) inside captured graphs: after a weight sync the
+    """Fused q/k/v and gate/up (generation/forward.py) inside captured graphs: after a weight sync the
     replayed decode and the prefill use the new weights, matching an HF forward that holds them."""
     trainer_model = tiny(seed=1, device=CUDA, dtype=torch.float32)
     generator_model = tiny(seed=2, device=CUDA, dtype=torch.float32)
@@ -125,9 +125,9 @@ def test_fused_engine_in_graphs_decodes_with_synced_weights():
 
 
 def test_uploads_do_not_wait_for_the_stream():
-    """The engine's metadata copies (generation/transfers.py) are pinned and non-blocking: launched
+    """The engine's metadata copies (generation/sequence.py) are pinned and non-blocking: launched
     behind a long kernel, they return while it still runs, and land in order after it."""
-    from aioareal.generation.transfers import upload, upload_padded
+    from aioareal.generation.sequence import upload, upload_padded
 
     stream = torch.cuda.Stream(CUDA)
     with torch.cuda.stream(stream):

@@ -1,4 +1,4 @@
-"""The HF fallback backend (generation/hf_backend.py) for families the engine does not implement:
+"""The HF fallback backend (generation/backends.py) for families the engine does not implement:
 its behaviour log-probs are the model's own forward's (fp32), across a weight change mid-rollout
 and with continuous batching of mixed groups; backend selection (`generation.backend`); one RL step
 through the public path with tiny models saved to a directory: GPT-NeoX, and Falcon and Bloom, which
@@ -29,10 +29,9 @@ from transformers import (
 from aioareal.config import load_config
 from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.backends import choose, make_engine
-from aioareal.generation.families import unsupported_reason
-from aioareal.generation.hf_backend import HFEngine
-from aioareal.generation.turns import TurnRequest
+from aioareal.generation.backends import HFEngine, choose, make_engine
+from aioareal.generation.forward import unsupported_reason
+from aioareal.generation.sequence import TurnRequest
 from aioareal.run.recipe import train
 
 EOS = [3, 5, 52]

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aioareal.errors import UserError
-from aioareal.generation.families import unsupported_reason
+from aioareal.generation.forward import unsupported_reason
 from aioareal.models import eos_token_ids, gguf_convert, load_model, load_tokenizer, named
 from aioareal.models import gguf as gguf_cache
 from aioareal.models.load_policy import resolve_source

@@ -1,7 +1,7 @@
 """`bench train --layouts`: the trainer's micro-batch layouts on the same groups, side by side.
 
   padded  every row prompt + completion, as wide as the longest (trainer/batching.collate);
-  shared  each distinct prompt computed once, completions padded to the longest (shared_prompts.py);
+  shared  each distinct prompt computed once, completions padded to the longest (batching.py);
   tree    each distinct prefix computed once, under an ancestor mask (prefix_tree.py).
 
 What the tree saves depends on how alike a group's completions are, which random weights cannot
