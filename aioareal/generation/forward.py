@@ -8,7 +8,6 @@ per layer; prefill writes whole prompts, decode one token per slot over a length
 This is the plain Llama/Qwen layer (pre-norm RMSNorm, SiLU MLP, RoPE of any variant in every layer,
 no sliding window; Qwen3's q/k norms). Other families run in family_forward.py (which: `unsupported_reason`).
 
-
 `fuse`, fused projections for the engine: q|k|v as one matmul per layer and gate|up as another, the same
 bytes read in two launches instead of five.
 
