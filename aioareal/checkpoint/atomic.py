@@ -45,7 +45,7 @@ import torch
 from ..distributed.world import is_collective_failure
 from ..errors import DataError, UserError, one_line, reading
 from ..io import atomic_write_text, loads_bounded, open_lock_file
-from ..models import lora
+from ..models.lora import ADAPTER_WEIGHTS, check_adapter_dir, is_lora, save_adapter, save_merged
 from .safeload import UnsafeFile, check_shards, load_plain
 
 PREFIX = "step-"
@@ -168,8 +168,8 @@ def check_readable(path: Path) -> None:
     if not weights:
         raise FileNotFoundError(f"no *.safetensors under {path / POLICY_DIR}")
     if (path / ADAPTER_DIR).exists():
-        lora.check_adapter_dir(path / ADAPTER_DIR)
-        weights.append(path / ADAPTER_DIR / lora.ADAPTER_WEIGHTS)
+        check_adapter_dir(path / ADAPTER_DIR)
+        weights.append(path / ADAPTER_DIR / ADAPTER_WEIGHTS)
     for file in weights:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
@@ -241,9 +241,9 @@ def begin(run_dir: Path, step: int) -> Path:
 
 def write_policy(tmp: Path, model: Any, tokenizer: Any, trainer_state: dict[str, Any]) -> None:
     """The policy in Hugging Face format (merged, with LoRA: plus the adapter in PEFT format)."""
-    if lora.is_lora(model):
-        lora.save_adapter(model, tmp / ADAPTER_DIR)
-        lora.save_merged(model, tmp / POLICY_DIR)
+    if is_lora(model):
+        save_adapter(model, tmp / ADAPTER_DIR)
+        save_merged(model, tmp / POLICY_DIR)
     else:
         model.save_pretrained(tmp / POLICY_DIR, safe_serialization=True)
     tokenizer.save_pretrained(tmp / POLICY_DIR)

@@ -79,8 +79,8 @@ def write_gguf(policy: Path, out: Path, qtype: str) -> Path:
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from ..models import load_model
     from ..models.gguf_export import export_gguf
+    from ..models.load_policy import load_model
 
     model = load_model(str(policy), torch.float32, torch.device("cpu"))
     try:  # tokenizer.json as saved: AutoTokenizer may rebuild it from the model type's own class

@@ -32,8 +32,8 @@ from typing import Any
 from ..errors import UserError
 from ..generation.sequence import StopStrings, TurnRequest
 from ..group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
-from ..models.chat_template import apply_template
 from ..models.prompt_encoding import PromptEncoder
+from ..models.template_sandbox import apply_template
 from ..tools import ERROR_PREFIX, ToolBox
 
 # (text, example) -> (reward, whether its check failed): the task's verdict through the reward service

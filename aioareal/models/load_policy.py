@@ -30,8 +30,8 @@ from . import lora
 from .attention import ATTENTION
 from .gguf import cached_gguf, gguf_file
 from .local_names import check_local, is_local_name
-from .merged_adapter import adapter_dir, base_name, copy_side_files
-from .merged_adapter import cached as cached_merge
+from .lora import adapter_dir, base_name, copy_side_files
+from .lora import cached as cached_merge
 from .named import named_gguf
 from .shapes import RANDOM_PREFIX, SHAPES, build_char_tokenizer, shape_config, vocab_size_padded
 

@@ -32,15 +32,17 @@ from dataclasses import dataclass
 from statistics import fmean, pstdev
 from typing import Any
 
+from ..config import ArithmeticConfig, DataConfig, RewardConfig
 from ..errors import UserError
 from ..group import Example
 from ..isolation.pool import Deferred, Outcome
 from ..isolation.threads import GuardedCaller
 from ..loops import run_coroutine
-from ..tasks.base import Task
+from ..tasks.base import Task, base_task
 from ..usercode import first_line as _first_line
 from ..usercode import is_registered, resolve_spec
 from ..usercode import user_frame as _user_frame
+from .service import BatchScorer, GradedScorer, per_item
 
 TRL_SIGNATURE = "fn(completions, **kwargs) -> list[float]"
 RESERVED = ("prompt", "prompts", "completion", "completions", "completion_ids")  # not passed as columns
@@ -344,3 +346,41 @@ def check_in_worker(spec: str, completions: list[Any], columns: dict[str, list[A
         raise
     except Exception as e:
         raise RewardFunctionError(check_failure(spec, e, len(completions))) from None
+
+
+def build_task(data: DataConfig, arithmetic: ArithmeticConfig, reward: RewardConfig, group_size: int) -> Task:
+    """The task data.task names; `group_size` (algo.group_size) shares reward.timeout_s among a group's
+    completions for the checks outside the reward service (`_item_timeout`)."""
+    task = base_task(data, arithmetic, _item_timeout(reward, group_size), bool(reward.functions))
+    if not reward.functions:
+        return task
+    r = reward
+    rewards = WeightedRewards(load_reward_functions(r.functions), r.weights)
+    # The check before training and evaluation call the functions under training's timeout and isolation.
+    return RewardedTask(task, rewards, GuardedCaller(r.timeout_s, r.workers, r.memory_limit_mb), r.isolation)
+
+
+def build_scorer(reward: RewardConfig, task: Task, tally: bool = True) -> BatchScorer:
+    """The reward service's scorer: the configured reward functions in batch form, else the task's verdict.
+    `tally`: the functions' values go into the metrics' reward/<name> figures (training's, not held-out's)."""
+    r = reward
+    if r.functions and r.isolation == "process":
+        return ProcessRewards(r.functions, r.weights)
+    if isinstance(task, RewardedTask):
+        return task.rewards if tally else WeightedRewards(task.rewards.functions, task.rewards.weights, tally=False)
+    if r.functions:  # a task built by hand rather than by build_task
+        return WeightedRewards(load_reward_functions(r.functions), r.weights, tally)
+    grade = getattr(task, "grade", None)
+    if grade is not None:
+        from ..grading.verify import SYMBOLIC_MODULE
+
+        return GradedScorer(grade, (SYMBOLIC_MODULE,))
+    return per_item(task.score)
+
+
+def _item_timeout(reward: RewardConfig, group_size: int) -> float:
+    """The standalone checks' timeout (`task.score`, which episodes' evaluation calls outside the
+    reward service): a share of reward.timeout_s per completion, at least a second unless the whole timeout
+    is shorter. Training rewards need none: the service's deadline covers the whole group."""
+    share = reward.timeout_s / group_size
+    return min(reward.timeout_s, max(share, 1.0))

@@ -21,8 +21,8 @@ from ..evaluation.scored_completions import EvalSet
 from ..generation import engine_options
 from ..generation.backends import Backend, checked, choose, fallback_line, make_engine
 from ..group import Example
-from ..models import load_model, lora, resolve_dtype
-from ..models.load_policy import checkpoint_activations
+from ..models.load_policy import checkpoint_activations, load_model, resolve_dtype
+from ..models.lora import AdaptersOff, is_lora, wrap
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..orchestrator.workers import thread_for
 from ..rewards import RewardedTask, build_scorer, build_task
@@ -127,7 +127,7 @@ def encode_prompts(examples: list[Example], renderer: PromptRenderer, limit: int
 class Models:
     gen: PreTrainedModel  # the generator's copy, in the generation dtype
     train: PreTrainedModel  # the fp32 master weights
-    ref: PreTrainedModel | lora.AdaptersOff | None  # the frozen KL reference (None when algo.kl_coef = 0)
+    ref: PreTrainedModel | AdaptersOff | None  # the frozen KL reference (None when algo.kl_coef = 0)
     compute_dtype: torch.dtype  # the trainer's autocast dtype
 
 
@@ -164,11 +164,11 @@ def build_lora_models(config: Config, start: str, resume_from: Path | None, gen_
                      allow_pickle=m.allow_pickle)
     compute_dtype = resolve_dtype(m.train_dtype, train_device)
     base = load_model(start, compute_dtype, train_device, m.trust_remote_code, allow_pickle=m.allow_pickle)
-    peft_model = lora.wrap(base, m, adapter)
+    peft_model = wrap(base, m, adapter)
     train = peft_model.get_base_model()
     if m.gradient_checkpointing:
         checkpoint_activations(train)
-    ref = lora.AdaptersOff(peft_model) if config.algo.kl_coef > 0 else None
+    ref = AdaptersOff(peft_model) if config.algo.kl_coef > 0 else None
     return Models(gen, train, ref, compute_dtype)
 
 
@@ -269,7 +269,7 @@ def build_workers(engine: Backend, trainer: Trainer, gen_model: PreTrainedModel,
     run.stall_timeout_s, the longest one call into either thread may take (orchestrator/workers.py)."""
     # With LoRA the generator receives merged weights, only of the adapted matrices (weightsync/full.py).
     # One thread in sync mode: the generator is idle whenever the trainer publishes, so no staging copy.
-    if lora.is_lora(trainer.model):
+    if is_lora(trainer.model):
         sync: WeightSync = LoraSync(trainer.model, gen_model)
     else:
         sync = WeightSync(trainer.model, gen_model, staged=one_thread is None)

@@ -28,8 +28,7 @@ from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
-from .events import Stoppable
-from .hooks import SaveCheckpoint, checkpoint_saver
+from .events import SaveCheckpoint, Stoppable, checkpoint_saver
 
 T = TypeVar("T")
 Evaluator = Callable[[], dict[str, float]]

@@ -25,7 +25,8 @@ from ..devices import fix_mmap_threshold, threads_restored, with_run_threads
 from ..errors import RunStopped, UserError
 from ..evaluation.scored_completions import KeptCompletions
 from ..generation.backends import Backend
-from ..models import eos_token_ids, load_tokenizer, lora
+from ..models.load_policy import eos_token_ids, load_tokenizer
+from ..models.lora import describe
 from ..monitor.dashboard import Dashboard, wants_dashboard
 from ..monitor.live import LiveState
 from ..monitor.trackers import TrackerFeed, check_installed
@@ -46,8 +47,7 @@ from .build import (
     model_path,
 )
 from .cell import Cell, current_cell
-from .events import LoopLag, quiet, run_event_loop, step_printer, stop_signals
-from .hooks import RunHooks
+from .events import LoopLag, RunHooks, quiet, run_event_loop, step_printer, stop_signals
 from .rollout import EvalInputs, Rollout, rollout_kind
 
 
@@ -103,7 +103,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     kind = rollout_kind(config, tokenizer, prompts.chat, cell.world.size, log)  # single completions or episodes
     models = build_models(config, start, resume_from, gen_device, train_device)
     if config.model.lora_rank:
-        log(lora.describe(models.train))
+        log(describe(models.train))
     eos = eos_token_ids(models.gen, tokenizer)
     max_len, seed = engine_context(config, models.gen, prompts), cell.engine_seed(config)
     engine = build_engine(config, models.gen, eos, max_len, seed=seed, log=log)

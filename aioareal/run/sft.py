@@ -37,8 +37,8 @@ from ..config import Config, load_config, save_config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..group import Example
-from ..models import load_model, load_tokenizer, lora, resolve_dtype
-from ..models.load_policy import END_OF_TURN
+from ..models.load_policy import END_OF_TURN, load_model, load_tokenizer, resolve_dtype
+from ..models.lora import describe, wrap
 from ..monitor.metrics import RunLog
 from ..tasks import PromptRenderer
 from ..tasks.rows import field_value, read_file
@@ -152,7 +152,7 @@ def _trainee(config: Config, base: str, resume_from: Path | None,
     the adapters train (fp32), the frozen base held in the compute dtype on CUDA as RL's LoRA holds it
     (fp32 on the CPU, where autocast casts it per op anyway and a bf16 base would round the merged
     policy's small updates away); a resume loads the base again plus the checkpoint's adapter/
-    (whose PEFT files alone load as the policy: models/merged_adapter.py). The forward autocasts to
+    (whose PEFT files alone load as the policy: models/lora.py). The forward autocasts to
     model.train_dtype by the trainer's rule (bf16 or fp16 on CUDA, bf16 on the CPU)."""
     m = config.model
     torch.manual_seed(config.run.seed)
@@ -161,7 +161,7 @@ def _trainee(config: Config, base: str, resume_from: Path | None,
     if m.lora_rank:
         held = compute if device.type == "cuda" else torch.float32  # the CPU's merged policy/ keeps fp32's precision
         frozen = load_model(base, held, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
-        model = lora.wrap(frozen, m, resume_adapter(config, resume_from)).get_base_model()
+        model = wrap(frozen, m, resume_adapter(config, resume_from)).get_base_model()
     else:
         source = str(resume_from / checkpoint.POLICY_DIR) if resume_from else base
         model = load_model(source, torch.float32, device, m.trust_remote_code, allow_pickle=m.allow_pickle)
@@ -184,7 +184,7 @@ def train_sft(config: Config, run_dir: Path, log: Log = print, resume_from: Path
     train, held = demonstrations(config, tokenizer, log)
     model, params, optimizer, cast = _trainee(config, base, resume_from, device)
     if m.lora_rank:
-        log(f"sft: {lora.describe(model)}")
+        log(f"sft: {describe(model)}")
     state = RunState(step=0, cursor=0, elapsed=0.0)
     if resume_from is not None:
         state = checkpoint.load_state(resume_from)

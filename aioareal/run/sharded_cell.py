@@ -28,7 +28,7 @@ from ..monitor.metrics import RunLog
 from ..monitor.trackers import TrackerFeed, start_trackers
 from ..orchestrator import Hooks, Orchestrator
 from ..tasks import Task
-from .hooks import SaveCheckpoint
+from .events import SaveCheckpoint
 from .rank_hooks import RankHooks, sharded_saver
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from ..episodes.runner import RAW_CALL, RAW_END, RAW_RESULT
 from ..evaluation.scored_completions import EvalSet, evaluate
 from ..group import Example
 from ..io import exclusive_lock
-from ..models import eos_token_ids, random_model
+from ..models.load_policy import eos_token_ids, random_model
 from ..models.prompt_encoding import PromptEncoder
 from ..models.shapes import SHAPES, build_char_tokenizer
 from ..rewards.service import RewardService, per_item

@@ -28,9 +28,9 @@ from ..config import Config
 from ..config.limits import check_flag
 from ..devices import resolve_device
 from ..errors import UserError, guarded, one_line
-from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
-from ..models.chat_template import apply_template, template_error
+from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..models.prompt_encoding import PromptEncoder
+from ..models.template_sandbox import apply_template, template_error
 from ..monitor.completions import printable
 from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
 from .eval_command import split_items

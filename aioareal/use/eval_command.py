@@ -42,7 +42,7 @@ from ..evaluation.scored_completions import (
 from ..generation import SamplingParams
 from ..generation.sequence import StopStrings
 from ..io import append_jsonl, atomic_write_text
-from ..models import eos_token_ids, load_model, load_tokenizer, resolve_dtype
+from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..models.prompt_encoding import PromptEncoder
 from ..run.build import build_data, encode_prompts
 from ..tasks import PromptRenderer

@@ -20,7 +20,7 @@ from aioareal.evaluation.scored_completions import EvalSet, build_evaluator
 from aioareal.group import Example
 from aioareal.isolation.pool import shared_pool
 from aioareal.run.build import task_from
-from aioareal.run.hooks import RunHooks
+from aioareal.run.events import RunHooks
 
 PROMPTS, TIMEOUT_S = 16, 1.0
 

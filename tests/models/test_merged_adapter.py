@@ -1,4 +1,4 @@
-"""A LoRA adapter directory as model.name (models/merged_adapter.py): it loads as its base with the
+"""A LoRA adapter directory as model.name (models/lora.py): it loads as its base with the
 adapter merged, equal to peft's own forward; the merge is built once and reused; its base is found
 beside the adapter or by name; pickled adapters and configs without a base are refused in one line."""
 from __future__ import annotations

@@ -10,8 +10,7 @@ import pytest
 from template_helpers import tokenizer_with
 from transformers.utils import chat_template_utils
 
-from aioareal.models.chat_template import apply_template
-from aioareal.models.template_sandbox import MAX_VALUE_CHARS, MAX_WORK_CHARS
+from aioareal.models.template_sandbox import MAX_VALUE_CHARS, MAX_WORK_CHARS, apply_template
 
 # Each escaped the old bound (a count of template lines): one or a few lines, each making tens of
 # megabytes (or a number of millions of bits) in one expression, or folded while compiling.

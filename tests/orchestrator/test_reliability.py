@@ -286,7 +286,7 @@ def test_checkpoint_keeps_the_rng_state_of_the_step_end_even_if_the_generator_ru
     run samples differently from an unbroken one."""
     from types import SimpleNamespace
 
-    from aioareal.run.hooks import checkpoint_saver
+    from aioareal.run.events import checkpoint_saver
 
     generator = torch.Generator().manual_seed(3)
     at_step_end = generator.get_state()

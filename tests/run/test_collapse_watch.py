@@ -1,4 +1,4 @@
-"""The collapse warning (run/hooks.py CollapseWatch): one line, once, when a step's entropy falls
+"""The collapse warning (run/events.py CollapseWatch): one line, once, when a step's entropy falls
 below 30% of what it was ten steps before or the held-out score below half its best; quiet on a
 run that learns (entropy narrowing slowly), on noise, and on rows without the figures (nulls, NaN)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aioareal.run.hooks import CollapseWatch, RunHooks
+from aioareal.run.events import CollapseWatch, RunHooks
 
 
 def lines(rows: list[dict]) -> list[str]:
