@@ -122,10 +122,7 @@ def score(service: RewardService, completions: list[list[Completion]],
     training scores a group: the token ids go in (TRL's `completion_ids` for reward functions) and
     the texts come back decoded. Returns the scored completions and how many checks failed (raised,
     hung or returned garbage: scored 0)."""
-    if getattr(service.scorer, "worker_preload", None) is not None:
-        # Workers still starting (or replacing ones killed at an earlier deadline) are charged to no
-        # check: a call's deadline counts from its start, queued jobs' included.
-        service.pool.wait_ready()
+    service.wait_ready()  # workers still starting are charged to no check
 
     async def one(group: list[Completion], example: Example) -> tuple[list[str], list[float], int]:
         decoded: list[list[str]] = []

@@ -62,15 +62,23 @@ class RewardService:
         self._slots_loop: asyncio.AbstractEventLoop | None = None
         self._threads = DaemonThreads("reward")
         self._abandoned: list[Future] = []  # timed-out stage-1 calls, until their threads return
-        preload = getattr(scorer, "worker_preload", None)
-        if preload is not None:  # this scorer defers work: start the workers now, off the first call's clock
-            self.pool.start(tuple(preload), workers)
+        self.preload: tuple[str, ...] | None = getattr(scorer, "worker_preload", None)
+        if self.preload is not None:  # this scorer defers work: start the workers now, off the first call's clock
+            self.pool.start(tuple(self.preload), workers)
 
     @property
     def pool(self) -> WorkerPool:
         if self._pool is None:
             self._pool = shared_pool(self.workers, memory_limit_mb=self.memory_limit_mb)
         return self._pool
+
+    def wait_ready(self) -> None:
+        """Block until the worker processes this scorer defers to are up (none: returns at once). A
+        call's deadline counts from its start, so workers still starting, or replacing ones killed at an
+        earlier deadline, would be charged to the first checks; callers that can wait (held-out
+        scoring, from a plain thread) wait here first."""
+        if self.preload is not None:
+            self.pool.wait_ready()
 
     async def score_group(self, group: Group) -> tuple[list[float], int]:
         """Scores of a finished group's completions against its example, and how many failed; sets
