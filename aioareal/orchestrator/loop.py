@@ -1,6 +1,6 @@
 """The event loop's two coroutines: the generator keeps admitted prompts flowing through the engine,
 the trainer turns oldest-first batches into policy versions; they meet in the admission counters and
-the oldest-first buffer. Modes (README, Modes): sync (K = 0, a batch generated then trained),
+the oldest-first buffer. Modes (docs/training.md#modes): sync (K = 0, a batch generated then trained),
 one-step (K = 1, batch i+1 generated while batch i trains), async (any K, slots refilled group by
 group, a new version adopted between any two decode steps).
 """

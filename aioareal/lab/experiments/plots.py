@@ -24,7 +24,7 @@ FILES = ("pass_rate_vs_step.png", "pass_rate_vs_time.png", "time_to_threshold.pn
 TIME_POINTS = 200
 THROUGHPUT = (("gen_tokens_per_s", "generation tokens/s (busy time)"), ("train_tokens_per_s", "training tokens/s"),
               ("gen_idle_frac", "generator idle fraction"), ("train_idle_frac", "trainer idle fraction"))
-# What the objectives do with stale tokens (trainer metrics; see README "Run outputs").
+# What the objectives do with stale tokens (trainer metrics; see docs/outputs.md).
 OFF_POLICY = (("behav_weight_mean", "mean behaviour weight w"), ("behav_weight_max", "max behaviour weight w"),
               ("behav_outside_clip_frac", "tokens with w outside [1-eps, 1+eps]"),
               ("clip_frac", "tokens clipped (no gradient)"), ("capped_frac", "decoupled: tokens over behav_cap"),

@@ -129,7 +129,7 @@ def derive_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m aioareal simulate derive",
                                 description="Write a profile derived from another by bandwidth and FLOPs scaling.")
     p.add_argument("--from", dest="base", required=True,
-                   help="base profile JSON, or 'readme-h100' (the H100 profile built from README's GPU figures)")
+                   help="base profile JSON, or 'readme-h100' (the H100 profile built from the H100 session's figures)")
     p.add_argument("--gpu", required=True, help=f"target GPU: {', '.join(GPUS)}")
     p.add_argument("--write", required=True, help="where to write the derived profile")
     p.add_argument("--debug", action="store_true", help="show tracebacks for user errors")
@@ -141,7 +141,7 @@ def derive_main(argv: list[str]) -> int:
 
     def go() -> int:
         base = readme_h100() if args.base == "readme-h100" else load_profile(args.base)
-        origin = "README.md (readme-h100)" if args.base == "readme-h100" else args.base
+        origin = "docs/log/2026-11-h100-session.md (readme-h100)" if args.base == "readme-h100" else args.base
         profile = base if args.base == "readme-h100" and args.gpu == "h100" else derive(base, args.gpu, origin)
         profile.save(args.write)
         print(f"wrote {args.write}: {profile.name} ({profile.kind}, {profile.device})")

@@ -1,16 +1,16 @@
-"""An H100 profile of the Qwen2.5-0.5B shape derived from figures published in README
-("Performance", "On a GPU": one H100 80GB session, bf16, random weights), for the bench e2e setting
+"""An H100 profile of the Qwen2.5-0.5B shape derived from figures measured in one H100 80GB session
+(docs/log/2026-11-h100-session.md: bf16, random weights), for the bench e2e setting
 (B=8, G=8, 128-token prompts, completion cap 768, micro-batch budget 8192). No GPU profile was
 measured directly: each coefficient below names the figure (or the assumption) it comes from and
 whether it is bound by memory bandwidth, tensor FLOPs or latency/host, which is how `gpus.derive`
-scales it to other GPUs. The README's e2e figures are NOT used: they are what this profile is
+scales it to other GPUs. That session's e2e figures are NOT used: they are what this profile is
 checked against.
 """
 from __future__ import annotations
 
 from .cost_profile import Contention, DecodeCost, PrefillCost, Profile, TrainCost
 
-N, SPAN = 256, 384  # the README's decode reference point: 256 sequences, 128-token prompts + 512 new (mean span 384)
+N, SPAN = 256, 384  # the session's decode reference point: 256 sequences, 128-token prompts + 512 new (mean span 384)
 STEP = N / 51_943  # bench gen: engine 51,943 tok/s at 256 sequences -> 4.93 ms per decode step, all in
 WEIGHTS_READ = 0.99e9 / 3.35e12  # docs/architecture.md#reference-facts: 0.99 GB per decode step, 3.35 TB/s
 TRAIN_TOKEN = 200 / (35_148 * (64 + 200))  # bench train: 35,148 completion tok/s packed, 64-token prompts, mean 200
@@ -26,7 +26,7 @@ def part(seconds: float, bound: str, source: str) -> dict:
 def components() -> dict[str, list[dict]]:
     attention = 0.6e-3  # profiler, 256 seqs span 384: attention (cuDNN SDPA) 0.6 ms
     per_seq = [part(0.85e-3 / N, "bandwidth", "profiler: sampling over 151,936 words 0.85 ms at 256 seqs"),
-               part(1.0e-3 / N, "host", "README: about 1 ms of host bookkeeping for 256 sequences per step"),
+               part(1.0e-3 / N, "host", "H100 session: about 1 ms of host bookkeeping for 256 sequences per step"),
                part((1.2e-3 - WEIGHTS_READ) / N, "flops", "profiler: GEMMs 1.2 ms at 256 seqs, less the weight read")]
     fixed = STEP - attention - N * sum(p["seconds"] for p in per_seq)
     return {
@@ -57,7 +57,7 @@ def readme_h100() -> Profile:
     c = components()
     total = {k: sum(p["seconds"] for p in parts) for k, parts in c.items()}
     return Profile(
-        name="h100-qwen2.5-0.5b", kind="derived", device="NVIDIA H100 SXM5 80GB (figures from README)",
+        name="h100-qwen2.5-0.5b", kind="derived", device="NVIDIA H100 SXM5 80GB (figures from one H100 session)",
         model="random:qwen2.5-0.5b", dtype="bfloat16",
         decode=DecodeCost(total["decode.a"], total["decode.b"], total["decode.c"]),
         prefill=PrefillCost(total["prefill.a"], total["prefill.b"], total["prefill.c"]),
@@ -68,8 +68,8 @@ def readme_h100() -> Profile:
         param_count=PARAMS, link_gbps=450.0,
         setup={"batch_groups": 8, "group_size": 8, "prompt_len": 128, "max_new_tokens": 768, "slots": 0,
                "micro_batch_tokens": 8192, "compile": False, "cuda_graphs": True},
-        notes=["derived from README 'On a GPU' figures (one H100 session, torch 2.11, bf16): bench gen 51,943 tok/s "
-               "at 256 seqs; the decode-step profiler breakdown; bench train 35,148 tok/s packed. No GPU profile was "
-               "measured directly. The README's e2e figures are held out to check it.",
+        notes=["derived from one H100 session's figures (torch 2.11, bf16; docs/log/2026-11-h100-session.md): "
+               "bench gen 51,943 tok/s at 256 seqs; the decode-step profiler breakdown; bench train 35,148 tok/s packed. No GPU profile was "
+               "measured directly. That session's e2e figures are held out to check it.",
                "see derivation.components for which figure fed which coefficient"],
-        derivation={"from": "README.md, Performance / On a GPU", "gpu": "h100", "components": c})
+        derivation={"from": "docs/log/2026-11-h100-session.md", "gpu": "h100", "components": c})
