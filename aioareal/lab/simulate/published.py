@@ -69,7 +69,7 @@ def readme_h100() -> Profile:
         setup={"batch_groups": 8, "group_size": 8, "prompt_len": 128, "max_new_tokens": 768, "slots": 0,
                "micro_batch_tokens": 8192, "compile": False, "cuda_graphs": True},
         notes=["derived from one H100 session's figures (torch 2.11, bf16; docs/log/2026-11-h100-session.md): "
-               "bench gen 51,943 tok/s at 256 seqs; the decode-step profiler breakdown; bench train 35,148 tok/s packed. No GPU profile was "
-               "measured directly. That session's e2e figures are held out to check it.",
+               "bench gen 51,943 tok/s at 256 seqs; the decode-step profiler breakdown; bench train 35,148 tok/s "
+               "packed. No GPU profile was measured directly. That session's e2e figures are held out to check it.",
                "see derivation.components for which figure fed which coefficient"],
         derivation={"from": "docs/log/2026-11-h100-session.md", "gpu": "h100", "components": c})
