@@ -29,7 +29,7 @@ from ..errors import UserError
 from . import lora
 from .attention import ATTENTION
 from .gguf import cached_gguf, gguf_file
-from .local_names import check_local, is_local_name
+from .local_names import check_hub, check_local, is_local_name
 from .lora import adapter_dir, base_name, copy_side_files
 from .lora import cached as cached_merge
 from .named import named_gguf
@@ -98,6 +98,8 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
         return build_char_tokenizer()
     name = resolve_source(name)
     check_local(name)
+    if not is_local_name(name):
+        check_hub(name)
     try:
         loader = PreTrainedTokenizerFast if _saved_as_is(name) else AutoTokenizer
         tokenizer = loader.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -129,6 +131,8 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
         return random_model(name[len(RANDOM_PREFIX):], dtype, device, seed)
     name = resolve_source(name)
     check_local(name)
+    if not is_local_name(name):
+        check_hub(name)
     if not allow_pickle:
         _refuse_pickle_only(name)
         _refuse_pickle_shards(name)
