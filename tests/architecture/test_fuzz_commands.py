@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from error_helpers import assert_clean
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from test_fuzz_inputs import assert_clean
 
 from aioareal.cli import main
 from aioareal.config.limits import INT_MAX

@@ -7,7 +7,6 @@ docs/reliability.md#bad-input-and-terminal-output lists what each test here chec
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -15,18 +14,17 @@ import subprocess
 import sys
 import tempfile
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from error_helpers import assert_clean, check, outcome
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aioareal.checkpoint import load_state
 from aioareal.config import known_keys, load_config
 from aioareal.config.layering import section_types
-from aioareal.errors import guarded
 from aioareal.lab.experiments.load import read_config, read_frame
 from aioareal.lab.experiments.sweep import plan
 from aioareal.monitor.completions import read_samples
@@ -36,31 +34,6 @@ from aioareal.tasks.base import PromptRenderer
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = known_keys()
-
-
-def outcome(fn: Callable[[], Any]) -> tuple[int, str]:
-    """Run `fn` as a command runs (errors.guarded): (exit code, stderr). Anything but a user error
-    escapes as the exception and fails the test with its traceback."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        code = guarded(False, lambda: (fn(), 0)[1])
-    return code, err.getvalue()
-
-
-def assert_clean(code: int, err: str) -> None:
-    """Success, or one printable line 'error: ...' and exit code 2."""
-    if code == 0:
-        assert err == ""
-        return
-    assert code == 2, (code, err)
-    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
-    assert err.startswith("error: ") and "Traceback" not in err, repr(err)
-    # no control character reaches the terminal (ZWJ and the soft hyphen are invisible, not control)
-    assert all(c.isprintable() or c in "\u200d\u00ad" for c in err[:-1]), repr(err)
-
-
-def check(fn: Callable[[], Any]) -> None:
-    assert_clean(*outcome(fn))
 
 
 # -- values: what a YAML file, a key=value or a JSON line may hold -------------------------------------
