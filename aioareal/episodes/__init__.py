@@ -2,7 +2,8 @@
 turns, appends the world's answers as observation tokens, and returns its reward."""
 from .episode_worker import EpisodeWorker, stored_rewards
 from .handle import Codec, EpisodeContext, EpisodeGen, ModelTurn, Scorer, TurnQueue, codec_for
-from .runner import BUILTIN, Episode, EpisodeRunner, EpisodeStats, load_episode
+from .runner import BUILTIN, Episode, EpisodeRunner, EpisodeSetup, EpisodeStats, load_episode
 
-__all__ = ["BUILTIN", "Codec", "Episode", "EpisodeContext", "EpisodeGen", "EpisodeRunner", "EpisodeStats",
-           "EpisodeWorker", "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode", "stored_rewards"]
+__all__ = ["BUILTIN", "Codec", "Episode", "EpisodeContext", "EpisodeGen", "EpisodeRunner", "EpisodeSetup",
+           "EpisodeStats", "EpisodeWorker", "ModelTurn", "Scorer", "TurnQueue", "codec_for", "load_episode",
+           "stored_rewards"]

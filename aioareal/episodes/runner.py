@@ -15,13 +15,15 @@ import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import ToolsConfig
 from ..errors import UserError, terminal_safe
 from ..group import MODEL, Group
+from ..tools import ToolBox, ToolThreads, build_toolbox
 from ..usercode import resolve_spec
-from .handle import EpisodeContext, EpisodeGen
+from .handle import Codec, EpisodeContext, EpisodeGen, TurnQueue
 
 Episode = Callable[[Any, EpisodeGen], Awaitable[float | None]]
 
@@ -204,3 +206,42 @@ def call_of(text: str, start: str = CALL, end: str = END) -> str:
 
 
 BUILTIN = {"single_turn": single_turn, "calculator": calculator}
+
+
+@dataclass(frozen=True)
+class EpisodeSetup:
+    """A run's episodes, set up once: the episode, its codec, the tools and one set of tool threads, from
+    which training and held-out evaluation alike build their boxes and runners."""
+
+    spec: str  # data.episode as configured
+    episode: Episode
+    codec: Codec
+    tools: ToolsConfig
+    timeout_s: float = 300.0  # data.episode_timeout_s
+    seed: int = 0  # run.seed: the tools' simulated latencies draw from it
+    log: Callable[[str], None] = print  # where an episode's first failure is shown
+    # One per run: training's box and every evaluation's share its threads (ToolThreads).
+    tool_threads: ToolThreads = field(init=False)
+    eval_log: Callable[[str], None] = field(init=False)  # the run's log, for the first evaluation failure only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tool_threads", ToolThreads(self.tools.max_threads))
+        shown: list[str] = []
+
+        def first_only(line: str) -> None:  # every evaluation fails alike: one account is enough
+            if not shown:
+                shown.append(line)
+                self.log(line)
+        object.__setattr__(self, "eval_log", first_only)
+
+    def toolbox(self, seed_offset: int = 0) -> ToolBox:
+        """A box of the configured tools with counters of its own (training and evaluation keep apart)
+        and the run's threads."""
+        t = self.tools
+        return build_toolbox(t.names, t.functions, t.timeout_s, t.latency_ms, self.seed + seed_offset, t.max_threads,
+                             self.tool_threads)
+
+    def runner(self, queue: TurnQueue, tools: ToolBox, score: Any, budget: int,
+               log: Callable[[str], None] | None = None, name: str | None = None) -> EpisodeRunner:
+        ctx = EpisodeContext(queue, self.codec, tools, score, budget, self.tools.max_calls)
+        return EpisodeRunner(self.episode, ctx, self.timeout_s, name or f"episode '{self.spec}'", log or self.log)

@@ -16,13 +16,13 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ..config import Config, ToolsConfig
-from ..episodes import codec_for, load_episode
+from ..episodes import EpisodeSetup, codec_for, load_episode
 from ..episodes.runner import RAW_CALL, RAW_END, RAW_RESULT
 from ..evaluation.scored_completions import EvalSet, evaluate
 from ..group import Example
@@ -197,9 +197,9 @@ def _evaluator(config: Config, task: ArithmeticTask, eval_set: EvalSet, tokenize
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         rewards = RewardService(per_item(task.score), decode)  # exact match: bounded, in the service's threads
         return lambda model: evaluate(model, eval_set, rewards, eos, max_new_tokens=8).pass_rate
-    from .rollout import EpisodeSetup, evaluate_episodes
+    from ..evaluation.episode_eval import evaluate_episodes
 
-    quiet = replace(config, tools=ToolsConfig())
-    setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), quiet, lambda _: None)
-    budget = config.generation.max_new_tokens
-    return lambda model: evaluate_episodes(setup, model, eval_set, task.score, eos, budget)["eval_pass_rate"]
+    setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(tokenizer, False), ToolsConfig(),
+                         config.data.episode_timeout_s, config.run.seed, lambda _: None)
+    budget, backend = config.generation.max_new_tokens, config.generation.backend
+    return lambda model: evaluate_episodes(setup, model, eval_set, task.score, eos, budget, backend)["eval_pass_rate"]

@@ -6,9 +6,8 @@ import asyncio
 import threading
 
 from aioareal.config import load_config
-from aioareal.episodes import codec_for, load_episode
+from aioareal.episodes import EpisodeSetup, codec_for, load_episode
 from aioareal.models.shapes import build_char_tokenizer
-from aioareal.run.rollout import EpisodeSetup
 from aioareal.tools import Tool, ToolBox, ToolThreads
 
 RELEASE = threading.Event()
@@ -38,7 +37,9 @@ def test_boxes_that_share_the_run_threads_share_one_stuck_budget() -> None:
 
 def test_every_box_of_an_episode_run_uses_the_run_threads() -> None:
     config = load_config(overrides=["data.episode=calculator", "tools.max_threads=3"])
-    setup = EpisodeSetup("calculator", load_episode("calculator"), codec_for(build_char_tokenizer(), False), config)
+    codec = codec_for(build_char_tokenizer(), False)
+    setup = EpisodeSetup("calculator", load_episode("calculator"), codec, config.tools, config.data.episode_timeout_s,
+                         config.run.seed)
     training, evaluation, later = setup.toolbox(), setup.toolbox(seed_offset=1), setup.toolbox(seed_offset=1)
     assert training.threads is evaluation.threads is later.threads and training.threads.limit == 3
     assert training.stats is not evaluation.stats
