@@ -22,7 +22,7 @@ kind of object to a checkpoint adds its global to `PLAIN_GLOBALS`, or better sto
 DCP's own reader unpickles `.metadata` with plain `pickle.load`, and loads every non-tensor entry
 with `torch.load(weights_only=False)`: either could run code planted in a run directory. Sharded
 checkpoints of ours hold tensors only (the optimizer's plain settings go to `trainer.pt`, read by
-`safeload.load_plain`), so `SafeReader` can be strict:
+`load_plain`, above), so `SafeReader` can be strict:
 
 1. `.metadata` is read by an unpickler that builds nothing but DCP's metadata records, torch
    sizes, dtypes and layouts (and the path DCP stores with them);

@@ -9,7 +9,7 @@ config.yaml are small, so anything far past their size is refused before it is b
 `yaml.safe_load` runs no code, but it trusts a file's shape: nested aliases ("billion laughs")
 make a 317-byte file stand for millions of values, which every later walk (a check, an error line,
 a copy) expands; an alias to its own ancestor makes a cycle; nesting thousands deep ends in a
-RecursionError. Here the composer counts its depth, and a document's size is counted with each
+RecursionError. `BoundedLoader`'s composer counts its depth, and a document's size is counted with each
 alias expanded (stopping as soon as it passes the bound) before any Python object is built.
 """
 from __future__ import annotations

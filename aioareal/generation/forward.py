@@ -119,7 +119,7 @@ class FastForward:
 
     def _fuse_projections(self, enabled: bool) -> None:
         """Per layer, the fused (q|k|v) and (gate|up) projections, or None where a layer's modules
-        run one by one (fusion off or unsafe for that layer: fusion.fusable)."""
+        run one by one (fusion off or unsafe for that layer: `fusable`, below)."""
         self.qkv: list[FusedLinear | None] = [None] * len(self.layers)
         self.gate_up: list[FusedLinear | None] = [None] * len(self.layers)
         if not enabled:

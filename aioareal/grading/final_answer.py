@@ -1,14 +1,14 @@
 """Finding the final answer of a math completion (or a GSM8K gold solution) the way a person reads it:
 the last answer it commits to (the rules, with examples: docs/rewards.md#which-answer-is-final).
 
-By how explicit the commitment is: 1. the final `\boxed{}` (the last one opened); 2. a `####` marker
+By how explicit the commitment is: 1. the final `\\boxed{}` (the last one opened); 2. a `####` marker
 followed by a number (not a heading); 3. the last answer phrase that is not negated; 4. the last number
 of the final statement (trailers cut off: `trailers`). Prose after 1-3 replaces the answer only when
 it commits again (a later answer phrase, or a retraction followed by a new final statement). What the
 answer says is read by `numbers.read_span` / `numbers.read_last`. Every step is linear in the text,
 and only the last `MAX_CHARS` are read (docs/reliability.md#the-grader).
 
-Where each `\boxed{}` (or `\fbox{}`) of a text opens and closes, in one pass over its braces.
+Where each `\\boxed{}` (or `\\fbox{}`) of a text opens and closes, in one pass over its braces.
 Only boxes with no box inside count as answers; the last box opened is the final one, unfinished if
 it never closes (a completion cut off at its token limit).
 """

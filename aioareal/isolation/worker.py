@@ -86,7 +86,7 @@ def serve(conn: Connection, preload: tuple[str, ...], memory_limit_mb: int = 0) 
     """Answer jobs until the parent closes its end of the pipe (or kills this process)."""
     # Ctrl-C in a terminal signals the whole process group: the parent decides when workers end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.setpgid(0, 0)  # a group of its own: what a job starts is killed with this worker (spawn.kill_worker)
+    os.setpgid(0, 0)  # a group of its own: what a job starts is killed with this worker (`kill_worker`)
     limit_memory(memory_limit_mb)
     for module in preload:
         importlib.import_module(module)

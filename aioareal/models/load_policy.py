@@ -72,7 +72,7 @@ def _major_version() -> int:
 def resolve_source(name: str) -> str:
     """What transformers loads for `name`: a named offline model or a GGUF file their converted,
     cached safetensors directory (gguf.py); a LoRA adapter directory its base with the adapter merged
-    (merged_adapter.py); any other name itself."""
+    (models/lora.py); any other name itself."""
     source = named_gguf(name) or gguf_file(name)
     if source:
         return str(cached_gguf(source))

@@ -4,7 +4,8 @@ the injected HF model; `AdaptersOff` is the KL reference; `merged_weight` is wha
 receives (weightsync/full.py); `save_adapter` and `save_merged` write the checkpoint's two
 forms. peft is imported only when a run asks for LoRA: it takes seconds to import.
 
-A LoRA adapter directory as a model: its base with the adapter merged in, built once into a cache.
+`adapter_dir`, `cached`, `base_name`: a LoRA adapter directory loaded as a model, its base with the
+adapter merged in, built once into a cache.
 
 `model.name=DIR`, where DIR holds PEFT's two files (what a LoRA checkpoint keeps under adapter/, what
 PEFT and TRL save), loads as its base with `W + (alpha / r) * B @ A` merged into each adapted matrix,

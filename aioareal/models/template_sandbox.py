@@ -1,6 +1,6 @@
 """The sandbox chat templates render in: Jinja's immutable sandbox, with every operation that can
 make a value much larger than its inputs sized before it runs (docs/reliability.md#bounded-readers),
-since one expression is one step of chat_template.py's count. A result past MAX_VALUE_CHARS (an
+since one expression is one step of `bounded_render`'s count. A result past MAX_VALUE_CHARS (an
 integer past MAX_INT_BITS) is refused before it is made, and all values made count against
 MAX_WORK_CHARS per render. Intercepted operators are not folded at compile time. A refusal is a
 `TemplateTooCostly` (a BaseException, so neither Jinja nor transformers rewrap it). The environment
@@ -9,7 +9,7 @@ is a twin of transformers' own (`twin_of`), so real templates render as there.
 Chat templates rendered under a step bound (docs/reliability.md#bounded-readers): a template is a
 Jinja program from a model's files, which the sandbox keeps from Python's internals but not from
 looping, so a trace function counts the lines its compiled code ("<template>") runs (counted, not
-timed). One huge expression is sized by template_sandbox.py, put in place of transformers' compile
+timed). One huge expression is sized by `BoundedEnvironment` above, put in place of transformers' compile
 step (transformers' handling of messages, tools and specials is kept). All renders go through
 `apply_template`.
 """
@@ -45,7 +45,7 @@ class TemplateTooCostly(BaseException):
 
 
 def budget() -> ContextVar[list[int] | None]:
-    """The per-render work counter: chat_template.py sets it to [0] around one render."""
+    """The per-render work counter: `bounded_render` (below) sets it to [0] around one render."""
     return _WORK
 
 

@@ -1,4 +1,5 @@
-"""One training run: `recipe` (setup, train, cleanup), `cell` (the process shape, decided once: one
-process or a torchrun rank), `build` (the builders of a run's parts, shared with bench), `hooks`
-(rows, display, checkpoints per step), `evaluation`, `warmup` (the tiny model's supervised start),
-`resume` (`--resume`), and the torchrun wiring (`session`, `rank_hooks`, `merge`)."""
+"""One training run: `recipe` (setup, train, cleanup, `--resume`), `cell` (the process shape, decided
+once: one process or a torchrun rank), `build` (the builders of a run's parts, shared with bench),
+`rollout` (single completions or episodes), `events` (the loop, stop signals, and per-step rows,
+display and checkpoints), `early_checks` (before torch loads), `warmup` (the tiny model's supervised
+start), `sft` (supervised fine-tuning), and the torchrun wiring (`sharded_cell`, `rank_hooks`)."""

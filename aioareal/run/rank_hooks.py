@@ -70,7 +70,7 @@ class RankHooks:
 
 def sharded_saver(run_dir: Path, trainer_worker: Any, engine_generator: Any, mirror: Mirror, tokenizer: Any,
                   keep: int, world: World) -> Callable[[RunState], Any]:
-    """`hooks.checkpoint_saver` for several ranks: every rank writes its shards (on its trainer's
+    """`events.checkpoint_saver` for several ranks: every rank writes its shards (on its trainer's
     thread, where every collective of the default group runs), rank 0 the rest."""
     async def save(state: RunState) -> None:
         rng = checkpoint.rng_state(engine_generator)  # read before anything awaits (see checkpoint_saver)

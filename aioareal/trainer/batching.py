@@ -20,7 +20,7 @@ once saves more than dropping padding does.
 **Shared prompts** (`PromptShare`): a micro-batch's prompts computed once and shared by the rows that
 continue them.
 
-A padded micro-batch computes a group's prompt G times. Here the distinct prompts go through the
+A padded micro-batch computes a group's prompt G times. With `PromptShare` the distinct prompts go through the
 model once (their KV cache kept in the autograd graph), the caches are gathered to the rows, and
 only the completions go through a second pass. Log-probs and gradients are the padded path's up to
 rounding: the prompt's share adds up over its rows in the gather's backward.
@@ -273,7 +273,7 @@ class PromptShare:
 
 
 def build_share(samples: list[Sample], pad_id: int) -> PromptShare:
-    """The shared layout of these samples (CPU tensors; `to` moves them)."""
+    """The shared layout of these samples (CPU tensors; `share_to` moves them)."""
     index: dict[tuple[int, ...], int] = {}
     for s in samples:
         index.setdefault(tuple(s.prompt_ids), len(index))

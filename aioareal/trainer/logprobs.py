@@ -5,7 +5,8 @@ fp32 logits over a large vocabulary exist for one chunk at a time. A plain `nn.L
 the fused head + log-softmax below; any other head takes activation
 checkpointing per chunk. A micro-batch whose logits are small in all (`KEEP_LOGITS`) keeps them.
 
-Selected-token log-probs and entropy straight from hidden states: a fused LM head + log-softmax.
+`FusedHeadLogprobs`: selected-token log-probs and entropy straight from hidden states, a fused LM
+head + log-softmax.
 
 `FusedHeadLogprobs` is one autograd node for the whole micro-batch. Its forward runs the head in
 chunks of tokens, logits = (h @ W^T + b) / T in fp32 for one chunk at a time, and keeps per token
@@ -74,7 +75,7 @@ def selected_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: torch.n
 
 
 class TransformedHead(torch.nn.Module):
-    """The LM head followed by the family's logit transform (families.logit_transform), which the
+    """The LM head followed by the family's logit transform (generation/forward.py's `logit_transform`), which the
     trainer, calling the head itself, must apply as ForCausalLM does. Runs on the chunked path."""
 
     def __init__(self, head: torch.nn.Module, divisor: float | None, cap: float | None) -> None:
@@ -93,7 +94,7 @@ class TransformedHead(torch.nn.Module):
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
-    """The model's LM head (fused_logprobs.head), with the model's logit transform where its family has one."""
+    """The model's LM head (`head`, below), with the model's logit transform where its family has one."""
     divisor, cap = logit_transform(getattr(model, "config", None))
     return head(model) if divisor is None and cap is None else TransformedHead(head(model), divisor, cap)
 
@@ -105,7 +106,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
                    tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions: logp (b, L-1) and
     entropy (b, L-1), zero off the mask. `share`, `varlen` or `tree`: the same rows in that layout
-    (batching.py, batching.py, prefix_tree.py)."""
+    (batching.py's `PromptShare` and `VarlenRows`, prefix_tree.py)."""
     if tree is not None:
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
         logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),
@@ -273,7 +274,8 @@ def _no_autocast(t: torch.Tensor):
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext()
 
 
-# The two halves of a causal LM the trainer calls directly: `model` and `lm_head` on Llama-shaped
+# The two halves of a causal LM the trainer calls directly (the other, `decoder`, is in models/lora.py):
+# `model` and `lm_head` on Llama-shaped
 # models (and lora.py's `AdaptersOff`), else transformers' `base_model` and `get_output_embeddings()`
 # (GPT-NeoX's `gpt_neox` and `embed_out`), so a model on the HF fallback trains through the same code.
 def head(model: Any) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """Which samples share a micro-batch: the cuts of a batch under the token budget.
 
 Padded rows are cut by length (`plan`): rows of similar length pad little. Where prompts are
-shared (batching.py) a micro-batch computes each distinct prompt once, so `plan_shared`
+shared (`PromptShare`, batching.py) a micro-batch computes each distinct prompt once, so `plan_shared`
 keeps a group's rows together where that computes less.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ synchronous and a lock orders the two threads. Under torchrun each FSDP2 shard i
 
 With LoRA (`LoraSync`, at the end): the generator runs plain merged weights, never peft.
 
-`WeightSync`'s contract; only what is staged differs: per adapted matrix, `publish` computes
+`LoraSync` keeps `WeightSync`'s contract; only what is staged differs: per adapted matrix, `publish` computes
 `W + (alpha/r) * B @ A` on the trainer's device (fp32 sum, cast to the generator's dtype). The other
 parameters are the base's and never change, so they are never copied. Merging on the trainer's
 side keeps peft out of the engine's hot loop (`bench train --lora-rank` prints the bytes moved).

@@ -154,7 +154,7 @@ def test_every_import_points_down_the_layers():
 
 def test_the_layer_check_sees_an_upward_import():
     graph = {"aioareal.trainer.trainer": {"aioareal.run.build": "aioareal/trainer/trainer.py:9",
-                                       "aioareal.losses": "aioareal/trainer/trainer.py:10"},
+                                          "aioareal.losses": "aioareal/trainer/trainer.py:10"},
              "aioareal.run.build": {"aioareal.trainer.trainer": "aioareal/run/build.py:20"}}
     assert upward_imports(graph) == ["aioareal.trainer.trainer (layer 4) imports aioareal.run.build (layer 6) "
                                      "at aioareal/trainer/trainer.py:9"]

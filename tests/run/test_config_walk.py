@@ -57,7 +57,8 @@ def test_setup_hands_each_layer_its_section_and_never_climbs_back(monkeypatch, t
     edges = config_walk(monkeypatch, ["--steps", "1", "--no-dashboard", "--run-dir", str(tmp_path / "run"),
                                       "eval.every=0", *extra])
     entered = {callee for _, callee, _ in edges}
-    assert {"aioareal.tasks.base", "aioareal.trainer.trainer", "aioareal.monitor.trackers"} <= entered  # the walk sees them
+    seen = {"aioareal.tasks.base", "aioareal.trainer.trainer", "aioareal.monitor.trackers"}
+    assert seen <= entered  # the walk sees them
     climbs = [f"{a} (layer {layer_of(a)}) -> {b}.{f} (layer {layer_of(b)})" for a, b, f in sorted(edges)
               if (layer_of(a) or 0) < (layer_of(b) or 0)]
     assert not climbs, "config climbs back up a layer:\n  " + "\n  ".join(climbs)

@@ -43,7 +43,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> PreTrainedModel:
     """A named shape (random weights: throughput does not depend on them), a named offline model, or a
-    local model directory or GGUF file (loading.py resolves the last three)."""
+    local model directory or GGUF file (models/load_policy.py resolves the last three)."""
     shape = name[len(RANDOM_PREFIX):] if name.startswith(RANDOM_PREFIX) else name
     if shape in SHAPES:
         return random_model(shape, dtype, device, seed, build_on_device=True)  # drawn where they run
