@@ -110,7 +110,7 @@ def setup(config: Config, run_dir: Path, cell: Cell, log: Callable[[str], None] 
     engine = check_engine(config, engine, models.gen, eos, max_len, prompts.train_ids[prompts.train[0].uid], seed, log)
     trainer = build_trainer(config, models, tokenizer.pad_token_id, cell.shard)
     pretrained = config.model.name != "tiny" and not resume_from  # its weights' scale says what lr does to it
-    if pretrained and (note := relative_step_warning(models.train, config.algo.lr)):
+    if pretrained and (note := relative_step_warning(models.train, config.algo.lr, bool(config.model.lora_rank))):
         log(note)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     kept = KeptCompletions()

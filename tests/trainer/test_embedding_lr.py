@@ -84,3 +84,16 @@ def test_a_learning_rate_large_for_the_weights_scale_is_warned_with_one_that_fit
         for p in model.parameters():
             p.mul_(10)  # weights ten times larger: the same lr is a ten times smaller step for them
     assert relative_step_warning(model, 4 * MAX_RELATIVE_STEP * typical) is None
+
+
+def test_lora_runs_are_warned_only_past_a_bound_ten_times_wider():
+    from aioareal.trainer.optim import LORA_STEP_FACTOR, MAX_RELATIVE_STEP, relative_step_warning, typical_weight
+
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    typical = typical_weight(model)
+    between = 4 * MAX_RELATIVE_STEP * typical  # past full fine-tuning's bound, within LoRA's
+    assert relative_step_warning(model, between) is not None
+    assert relative_step_warning(model, between, lora=True) is None
+    note = relative_step_warning(model, 2 * LORA_STEP_FACTOR * MAX_RELATIVE_STEP * typical, lora=True)
+    assert note is not None and "the adapters" in note
+    assert relative_step_warning(model, float(note.rsplit("algo.lr=", 1)[1]), lora=True) is None
