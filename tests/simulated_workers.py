@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from aioareal.generation.sequence import GroupTally
 from aioareal.group import Completion, Group
-from aioareal.lab.simulate.queued import QueuedSequences
+from aioareal.lab.simulate.costed_workers import QueuedSequences
 
 
 @dataclass

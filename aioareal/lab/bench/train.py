@@ -19,7 +19,7 @@ Each variant's model-FLOPs utilisation (roofline.py: 6 x non-embedding params x 
 device's dense bf16 peak, looked up for H100/H200/A100 or given by --peak-tflops; on the CPU only
 with --peak-tflops); its achieved GFLOP/s and their fraction of the matmul peak of the dtype it
 computes in (flops.py, peak.py: measured on the CPU); and the full weight sync's cost: MB and ms
-per publish, ms per adoption (sync_cost.py).
+per publish, ms per adoption (train_figures.py `sync_measure`).
 
 Completion lengths are long-tailed (GSM8K-like lognormal). Peak memory on CUDA is torch's peak
 allocation, beyond the weights. On the CPU it is each variant's resident-set high-water mark over
@@ -46,7 +46,6 @@ from ...trainer.logprobs import KEEP_LOGITS, token_logprobs
 from ...trainer.masters import compile_layers
 from ...trainer.trainer import autocasts
 from ..simulate.lengths import gsm8k_like_length
-from . import sync_cost
 from .flops import FlopModel
 from .harness import (
     Measurement,
@@ -64,7 +63,7 @@ from .harness import (
 from .peak import PROBE, PeakProbe, add_peak_argument, peaks_of
 from .roofline import peak_bf16_tflops
 from .rss import HighWaters
-from .train_figures import VARIANTS, add_cpu_memory, add_peak_fractions, add_utilisation, report
+from .train_figures import VARIANTS, add_cpu_memory, add_peak_fractions, add_utilisation, report, sync_measure
 from .train_layouts import run_layouts
 from .train_lora import run_lora
 from .train_precision import run_precision
@@ -102,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare train.precision=autocast against masters instead: whole training steps, each side "
                         "in its own process (peak memory, step time; --group-size samples per prompt)")
     p.add_argument("--fp32-matmuls", action="store_true",
-                   help="--precision: bf16 matmuls computed in fp32 (bench/fp32_matmuls.py), for memory figures "
+                   help="--precision: bf16 matmuls computed in fp32 (train_precision.py), for memory figures "
                         "on a CPU without bf16 units; its times say nothing about bf16 speed")
     add_peak_argument(p)
 
@@ -248,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # writes their gradients (activations, which the roofline leaves out, only add to it).
     moved = {name: 3 * parameter_bytes(model) * len(mbs) for name, (mbs, _) in passes.items()}
     add_peak_fractions(result, FlopModel.of(model), work, peaks, autocast or torch.float32, moved)
-    result.update(sync_cost.measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
+    result.update(sync_measure(model, dtype, args.repeats))  # the generator's copy in the run's dtype
     report(result)
     return result
 

@@ -13,6 +13,8 @@ on a shared device, cuts that sleep short at the end of the decode step in progr
 happens between the same two steps as in the engine. Sequences carry only counters; their tokens
 and versions are written out when they finish. tests/lab/simulate/test_simulate.py checks this fast path
 against one decode step per call.
+
+The read side of the GenerationWorker contract that every simulated generator shares.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import heapq
 import math
 import random
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 from ...generation.sampling import SHORT_SPAN, live_decode_pays
@@ -30,7 +32,6 @@ from ...group import Group
 from .contention import Device, Lockstep, sleep_unless
 from .cost_profile import Profile
 from .decodeplan import Segment, plan_seconds, steps_begun
-from .queued import QueuedSequences
 
 
 @dataclass(slots=True)
@@ -43,6 +44,25 @@ class _Seq:
     base: int  # tokens so far = generator.steps - base
     first_step: int  # the decode step during whose call it was admitted (its first token's version)
     uid: int  # tells apart the sequences one slot holds over time
+
+
+class QueuedSequences:
+    """The read side of the GenerationWorker contract that every simulated generator shares: its
+    `waiting` group requests and its `running` sequences."""
+
+    waiting: list[Group]
+    running: Sized
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.running)
+
+    def on_work(self, wake: Callable[[], None]) -> None:
+        """Work arrives only through `submit`."""
 
 
 class ProfiledGenerator(QueuedSequences):

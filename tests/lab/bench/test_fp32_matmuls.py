@@ -1,9 +1,9 @@
-"""bench/fp32_matmuls.py: bf16 matmuls computed in fp32 keep every tensor's bf16 dtype and shape."""
+"""bench/train_precision.py `Fp32Matmuls`: bf16 matmuls computed in fp32 keep every tensor's bf16 dtype and shape."""
 from __future__ import annotations
 
 import torch
 
-from aioareal.lab.bench.fp32_matmuls import Fp32Matmuls
+from aioareal.lab.bench.train_precision import Fp32Matmuls
 
 
 def test_bf16_matmuls_return_bf16_and_equal_the_bf16_ones_to_rounding():
