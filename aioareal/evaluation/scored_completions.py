@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,24 +73,31 @@ class Scored:
 
 def generate(model: PreTrainedModel, eos_ids: list[int], prompt_ids: Sequence[list[int]], examples: Sequence[Example],
              size: int, params: SamplingParams, seed: int, progress: Progress,
-             backend: str = "auto", stop: StopStrings | None = None) -> list[list[Completion]]:
+             backend: str = "auto", stop: StopStrings | None = None, kept: Mapping[int, list[Completion]] | None = None,
+             keep: Callable[[int, list[Completion]], None] | None = None) -> list[list[Completion]]:
     """`size` completions of every prompt, in prompt order, by `backend` (generation.backend:
     generation/backends.py), each ending at EOS, the length limit or one of the `stop` strings;
-    `progress` hears of each finished prompt."""
+    `progress` hears of each finished prompt. Prompts in `kept` (index: completions, from an
+    evaluation stopped part-way) are not generated again; `keep` is handed each newly finished one."""
+    done: dict[int, list[Completion]] = dict(kept or {})
+    todo = [i for i in range(len(prompt_ids)) if i not in done]
+    if not todo:
+        return [done[i] for i in range(len(prompt_ids))]
     max_len = max(len(p) for p in prompt_ids) + params.max_new_tokens
     fit = KV_BUDGET_BYTES // (max_len * kv_bytes_per_token(model, next(model.parameters()).dtype))
-    slots = max(size, min(MAX_SLOTS, size * len(prompt_ids), fit))
+    slots = max(size, min(MAX_SLOTS, size * len(todo), fit))
     # fuse=False: the same model serves a greedy and a sampled engine in turn (generation/forward.py).
     options = EngineOptions(slots, max_len, params, seed=seed, fuse=False, stop=stop,
                             prompt_prefix=tuple(common_prefix(prompt_ids)))
     engine = make_engine(model, eos_ids, options, backend)
-    for i, (ids, example) in enumerate(zip(prompt_ids, examples)):
-        engine.submit(Group(i, ids, size, example))
-    done: dict[int, list[Completion]] = {}
+    for i in todo:
+        engine.submit(Group(i, prompt_ids[i], size, examples[i]))
     while engine.busy:
         finished = engine.step()
         for group in finished:
             done[group.group_id] = group.completions
+            if keep is not None:
+                keep(group.group_id, group.completions)
         if finished:
             progress(len(finished))
     return [done[i] for i in range(len(prompt_ids))]

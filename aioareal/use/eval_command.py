@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, reso
 from ..models.prompt_encoding import PromptEncoder
 from ..run.build import build_data, encode_prompts
 from ..tasks import PromptRenderer
+from .eval_journal import Journal, phase_key
 from .eval_report import Progress, json_line, sections, table
 from .targets import Target, model_source, resolve, target_config
 
@@ -129,10 +131,19 @@ def run_eval(args: argparse.Namespace) -> int:
     columns = []
     # The rows go to a .partial file renamed over eval.jsonl at the end: a killed evaluation leaves the
     # last complete pair (eval.jsonl, figures.json) as it was, never a truncated one beside stale figures.
+    # Each finished prompt's completions go to the journal too: the same command continues from them.
     partial = out / "eval.jsonl.partial"
-    with partial.open("w", encoding="utf-8") as records:
-        for target in targets:
-            columns.append(evaluate_target(target, config, start, args, new_tokens, records))
+    journal = Journal(out)
+    try:
+        with partial.open("w", encoding="utf-8") as records:
+            for target in targets:
+                columns.append(evaluate_target(target, config, start, args, new_tokens, records, journal))
+    except BaseException:
+        journal.close(complete=False)
+        if journal.path.stat().st_size:
+            print(f"finished prompts are kept in {journal.path}: the same command with --out {out} continues "
+                  "from them", file=sys.stderr, flush=True)
+        raise
     figures = {"task": config.data.task, "protocols": args.protocols, "n": args.n,
                "temperature": args.temperature if args.n else None, "ks": args.ks,
                "max_new_tokens": new_tokens if "zero-shot" in args.protocols else None,
@@ -141,6 +152,7 @@ def run_eval(args: argparse.Namespace) -> int:
     (out / "figures.json").unlink(missing_ok=True)  # never the last run's figures beside these rows
     os.replace(partial, out / "eval.jsonl")
     atomic_write_text(out / "figures.json", line + "\n")
+    journal.close(complete=True)
     print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
         if column.get("truncated_greedy", 0) >= CUT_OFF_WARNING:
@@ -155,9 +167,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def evaluate_target(target: Target, config: Config, start: Config, args: argparse.Namespace, new_tokens: int,
-                    records: Any) -> dict[str, Any]:
+                    records: Any, journal: Journal) -> dict[str, Any]:
     """Generate, score and summarise one target by each protocol; its completions are appended to
-    `records` (`start`: the config without overrides, for the `tiny` target's warm-start)."""
+    `records` (`start`: the config without overrides, for the `tiny` target's warm-start), each
+    finished prompt's to `journal` as it finishes."""
     source = model_source(target, start)
     m = config.model
     device = resolve_device(config.rollout.gen_device, "gen")
@@ -165,15 +178,23 @@ def evaluate_target(target: Target, config: Config, start: Config, args: argpars
     model = load_model(source, resolve_dtype(m.dtype, device), device, m.trust_remote_code, allow_pickle=m.allow_pickle)
     eos = eos_token_ids(model, tokenizer)
     figures: dict[str, Any] = {"target": target.label, "model": source}
+
+    def resumable(phase: str, ids: list[list[int]], size: int, params: SamplingParams) -> dict[str, Any]:
+        """generate()'s `kept` and `keep` for one phase: what the journal holds of it, and its writer."""
+        key = phase_key(target.label, source, phase, size, params, args.seed, prompt_ids=ids)
+        label = f"{target.label} {phase}"
+        vocab = max(len(tokenizer), model.get_input_embeddings().num_embeddings)
+        return {"kept": journal.take(key, len(ids), label, vocab, params.max_new_tokens),
+                "keep": journal.keeper(key)}
     if "zero-shot" in args.protocols:
-        figures.update(zero_shot(target, config, args, new_tokens, records, model, tokenizer, eos))
+        figures.update(zero_shot(target, config, args, new_tokens, records, model, tokenizer, eos, resumable))
     if "lm-eval" in args.protocols:
-        figures.update(lm_eval_figures(target, config, args, records, model, tokenizer, eos))
+        figures.update(lm_eval_figures(target, config, args, records, model, tokenizer, eos, resumable))
     return figures
 
 
 def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_tokens: int, records: Any, model: Any,
-              tokenizer: Any, eos: list[int]) -> dict[str, Any]:
+              tokenizer: Any, eos: list[int], resumable: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """The run's own held-out prompts and grader: greedy, and with -n K sampled."""
     task, examples, ids = held_out(config, tokenizer)
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
@@ -184,7 +205,9 @@ def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_toke
     results, failures = {}, {}
     for phase, size, params in phases:
         progress = Progress(f"{target.label} {phase}", len(examples))
-        completions = generate(model, eos, ids, examples, size, params, args.seed, progress)
+        journal = resumable(phase, ids, size, params)
+        progress(len(journal["kept"]))
+        completions = generate(model, eos, ids, examples, size, params, args.seed, progress, **journal)
         progress.close()
         results[phase], failures[phase] = score(service, completions, examples)
     service.close()
@@ -202,7 +225,7 @@ def zero_shot(target: Target, config: Config, args: argparse.Namespace, new_toke
 
 
 def lm_eval_figures(target: Target, config: Config, args: argparse.Namespace, records: Any, model: Any,
-                    tokenizer: Any, eos: list[int]) -> dict[str, Any]:
+                    tokenizer: Any, eos: list[int], resumable: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """GSM8K as lm-evaluation-harness scores it (evaluation/lm_eval.py): strict and flexible exact match."""
     examples, prompts = lm_eval_set(config)
     encoder = PromptEncoder(tokenizer)
@@ -210,7 +233,9 @@ def lm_eval_figures(target: Target, config: Config, args: argparse.Namespace, re
     stop = StopStrings(lm_eval.STOP, lambda t: tokenizer.decode(t, skip_special_tokens=False))
     progress = Progress(f"{target.label} lm-eval", len(examples))
     params = SamplingParams(greedy=True, max_new_tokens=lm_eval.MAX_NEW_TOKENS)
-    completions = generate(model, eos, ids, examples, 1, params, args.seed, progress, stop=stop)
+    journal = resumable("lm-eval", ids, 1, params)
+    progress(len(journal["kept"]))
+    completions = generate(model, eos, ids, examples, 1, params, args.seed, progress, stop=stop, **journal)
     progress.close()
     rows, strict, flexible, lengths, cut = [], [], [], [], []
     for example, (completion,) in zip(examples, completions):

@@ -42,8 +42,8 @@ def test_a_killed_evaluation_keeps_the_previous_rows_and_figures(two_checkpoints
     rows, figures = (out / "eval.jsonl").read_text(), (out / "figures.json").read_text()
     real = eval_command.evaluate_target
 
-    def killed(target, config, start, args, new_tokens, records):
-        real(target, config, start, args, new_tokens, records)  # one target's rows written, then the kill
+    def killed(target, config, start, args, new_tokens, records, journal):
+        real(target, config, start, args, new_tokens, records, journal)  # one target's rows written, then the kill
         raise KeyboardInterrupt
 
     monkeypatch.setattr(eval_command, "evaluate_target", killed)
