@@ -368,9 +368,9 @@ RUN_LOCK = ".lock"
 _held: dict[Path, tuple[int, int]] = {}  # resolved run dir -> (descriptor, times taken)
 
 
-def own_run_dir(run_dir: Path) -> None:
+def own_run_dir(run_dir: Path, flag: str = "--run-dir") -> None:
     """Take the run directory's lock (creating the directory), or raise a one-line UserError naming
-    it and the pid of the live run that holds it."""
+    it and the pid of the live process that holds it (`flag`: the option that chose the directory)."""
     key = Path(run_dir).resolve()
     if key in _held:
         fd, count = _held[key]
@@ -386,8 +386,8 @@ def own_run_dir(run_dir: Path) -> None:
     except OSError:
         holder = _holder(fd)
         os.close(fd)
-        raise UserError(f"{run_dir} is in use by another run{holder}; wait for it to end, or choose "
-                        "another --run-dir") from None
+        raise UserError(f"{run_dir} is in use by another run or evaluation{holder}; wait for it to end, or "
+                        f"choose another {flag}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[key] = (fd, 1)

@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.atomic import own_run_dir, release_run_dir
 from ..config import Config
 from ..config.limits import GROUP_MAX, check_flag
 from ..devices import resolve_device
@@ -127,7 +128,16 @@ def run_eval(args: argparse.Namespace) -> int:
                         "episodes evaluates greedy episodes itself (eval_pass_rate in metrics.jsonl)")
     new_tokens = args.max_new_tokens or config.eval.max_new_tokens or config.generation.max_new_tokens
     out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    own_run_dir(out, "--out")  # one writer: two evaluations (or a run) in one folder would mix their rows
+    try:
+        return write_evaluation(args, config, start, targets, new_tokens, out)
+    finally:
+        release_run_dir(out)
+
+
+def write_evaluation(args: argparse.Namespace, config: Config, start: Config, targets: list[Target],
+                     new_tokens: int, out: Path) -> int:
+    """Evaluate every target into OUT's files, then print the table and the figures' line."""
     columns = []
     # The rows go to a .partial file renamed over eval.jsonl at the end: a killed evaluation leaves the
     # last complete pair (eval.jsonl, figures.json) as it was, never a truncated one beside stale figures.
@@ -135,7 +145,8 @@ def run_eval(args: argparse.Namespace) -> int:
     partial = out / "eval.jsonl.partial"
     journal = Journal(out)
     try:
-        with partial.open("w", encoding="utf-8") as records:
+        partial.unlink(missing_ok=True)  # a link planted in its place goes, its target untouched
+        with partial.open("x", encoding="utf-8") as records:
             for target in targets:
                 columns.append(evaluate_target(target, config, start, args, new_tokens, records, journal))
     except BaseException:

@@ -63,13 +63,13 @@ def test_a_second_writer_or_a_resume_of_a_live_run_is_refused_and_touches_nothin
     run_dir = tmp_path / "run"
     with pytest.raises(UserError) as e:
         train(tiny(run_dir), log=lambda *_: None, printer=lambda row: None)
-    assert str(e.value) == (f"{run_dir} is in use by another run (pid {holder.pid}); wait for it to end, "
+    assert str(e.value) == (f"{run_dir} is in use by another run or evaluation (pid {holder.pid}); wait for it to end, "
                             "or choose another --run-dir")
     assert sorted(p.name for p in run_dir.iterdir()) == [RUN_LOCK]
     save_config(tiny(run_dir), run_dir / "config.yaml")
     metrics = json.dumps({"step": 0, "reward_mean": 0.5}) + "\n"
     (run_dir / "metrics.jsonl").write_text(metrics)  # no checkpoint yet: a resume would start it over
-    with pytest.raises(UserError, match=f"in use by another run \\(pid {holder.pid}\\)"):
+    with pytest.raises(UserError, match=f"in use by another run or evaluation \\(pid {holder.pid}\\)"):
         resume(run_dir, log=lambda *_: None, printer=lambda row: None)
     assert (run_dir / "metrics.jsonl").read_text() == metrics
 
@@ -79,7 +79,7 @@ def test_a_second_run_on_a_live_directory_is_one_line_and_exit_2(tmp_path, holde
     run_dir = tmp_path / "run"
     done = cli("model.name=random:tiny", "--steps", "1", "--run-dir", str(run_dir))
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == (f"error: {run_dir} is in use by another run (pid {holder.pid}); "
+    assert done.stderr.strip() == (f"error: {run_dir} is in use by another run or evaluation (pid {holder.pid}); "
                                    "wait for it to end, or choose another --run-dir")
     assert sorted(p.name for p in run_dir.iterdir()) == [RUN_LOCK]  # nothing written
 
@@ -93,12 +93,12 @@ def test_a_resume_of_a_live_run_is_refused_and_touches_nothing(tmp_path, holder)
     (run_dir / "metrics.jsonl").write_text(metrics)  # no checkpoint yet: a resume would start it over
     done = cli("--resume", str(run_dir))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert f"{run_dir} is in use by another run (pid {holder.pid})" in done.stderr
+    assert f"{run_dir} is in use by another run or evaluation (pid {holder.pid})" in done.stderr
     assert (run_dir / "metrics.jsonl").read_text() == metrics
 
 
 def test_a_lock_left_by_a_sigkilled_run_never_blocks(tmp_path, holder):
-    with pytest.raises(UserError, match=f"in use by another run \\(pid {holder.pid}\\)"):
+    with pytest.raises(UserError, match=f"in use by another run or evaluation \\(pid {holder.pid}\\)"):
         own_run_dir(tmp_path / "run")
     holder.send_signal(signal.SIGKILL)
     holder.wait()

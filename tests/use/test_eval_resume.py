@@ -1,14 +1,18 @@
 """An evaluation stopped part-way continues from the prompts it finished (use/eval_journal.py): the
 same command with the same --out generates only the rest, and its rows and figures equal an unbroken
 evaluation's; settings that changed start afresh; a torn or foreign line is skipped; a planted link
-in the journal's place is refused; the journal goes when the evaluation completes."""
+in the journal's place is refused, one in the rows' place removed, not followed; the journal goes when
+the evaluation completes; a second writer on one --out is refused in one line."""
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
+from aioareal.checkpoint.atomic import own_run_dir, release_run_dir
 from aioareal.cli import main
 from aioareal.use import eval_journal
 
@@ -95,3 +99,27 @@ def test_a_planted_link_in_the_journals_place_is_refused(tmp_path, capsys, tiny_
     assert main([*ARGS, "--out", str(out)]) == 2
     assert "not a regular file" in capsys.readouterr().err
     assert victim.read_text() == "precious"
+
+
+def test_a_second_writer_on_one_out_is_refused_and_touches_nothing(tmp_path, tiny_model_path):
+    out = tmp_path / "out"
+    own_run_dir(out)  # a live run or evaluation holds the folder (in-process: a reentrant count)
+    try:
+        done = subprocess.run([sys.executable, "-m", "aioareal", *ARGS, "--out", str(out)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        release_run_dir(out)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{out} is in use by another run or evaluation (pid {os.getpid()})" in done.stderr
+    assert "--out" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_link_planted_as_the_rows_file_is_removed_not_followed(tmp_path, tiny_model_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.symlink(victim, out / "eval.jsonl.partial")
+    assert main([*ARGS, "--out", str(out)]) == 0
+    assert victim.read_text() == "precious" and (out / "eval.jsonl").is_file()
