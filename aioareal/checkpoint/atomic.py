@@ -379,7 +379,7 @@ def own_run_dir(run_dir: Path, flag: str = "--run-dir") -> None:
     try:
         key.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
+        raise UserError(f"{run_dir}: cannot create the {flag} directory ({e.strerror})") from None
     fd = open_lock_file(key / RUN_LOCK)  # a planted link, FIFO or folder is refused, never followed
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -48,7 +48,7 @@ from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, reso
 from ..models.prompt_encoding import PromptEncoder
 from ..run.build import build_data, encode_prompts
 from ..tasks import PromptRenderer
-from .eval_journal import Journal, phase_key
+from .eval_journal import Journal, phase_key, weights_stamp
 from .eval_report import Progress, json_line, sections, table
 from .targets import Target, model_source, resolve, target_config
 
@@ -149,9 +149,9 @@ def write_evaluation(args: argparse.Namespace, config: Config, start: Config, ta
         with partial.open("x", encoding="utf-8") as records:
             for target in targets:
                 columns.append(evaluate_target(target, config, start, args, new_tokens, records, journal))
-    except BaseException:
+    except BaseException as e:
         journal.close(complete=False)
-        if journal.path.stat().st_size:
+        if not isinstance(e, UserError) and journal.path.stat().st_size:  # a user error would come again
             print(f"finished prompts are kept in {journal.path}: the same command with --out {out} continues "
                   "from them", file=sys.stderr, flush=True)
         raise
@@ -160,10 +160,14 @@ def write_evaluation(args: argparse.Namespace, config: Config, start: Config, ta
                "max_new_tokens": new_tokens if "zero-shot" in args.protocols else None,
                "targets": columns}
     line = json_line(figures)
-    (out / "figures.json").unlink(missing_ok=True)  # never the last run's figures beside these rows
-    os.replace(partial, out / "eval.jsonl")
-    atomic_write_text(out / "figures.json", line + "\n")
-    journal.close(complete=True)
+    written = False
+    try:
+        (out / "figures.json").unlink(missing_ok=True)  # never the last run's figures beside these rows
+        os.replace(partial, out / "eval.jsonl")
+        atomic_write_text(out / "figures.json", line + "\n")
+        written = True
+    finally:
+        journal.close(complete=written)
     print(table(columns, args.n, sections(args, config, new_tokens, columns)))
     for column in columns:
         if column.get("truncated_greedy", 0) >= CUT_OFF_WARNING:
@@ -192,11 +196,14 @@ def evaluate_target(target: Target, config: Config, start: Config, args: argpars
 
     def resumable(phase: str, ids: list[list[int]], size: int, params: SamplingParams) -> dict[str, Any]:
         """generate()'s `kept` and `keep` for one phase: what the journal holds of it, and its writer."""
-        key = phase_key(target.label, source, phase, size, params, args.seed, prompt_ids=ids)
+        key = phase_key(target.label, source, weights_stamp(source), m.dtype, str(device), config.generation.backend,
+                        phase, size, params, args.seed, prompt_ids=ids)
         label = f"{target.label} {phase}"
         vocab = max(len(tokenizer), model.get_input_embeddings().num_embeddings)
-        return {"kept": journal.take(key, len(ids), label, vocab, params.max_new_tokens),
-                "keep": journal.keeper(key)}
+        kept = journal.take(key, len(ids), size, label, vocab, params.max_new_tokens)
+        if kept:  # said in the figures: a resumed sampled phase is two seeds' draws, not one
+            figures.setdefault("resumed_prompts", {})[phase] = len(kept)
+        return {"kept": kept, "keep": journal.keeper(key)}
     if "zero-shot" in args.protocols:
         figures.update(zero_shot(target, config, args, new_tokens, records, model, tokenizer, eos, resumable))
     if "lm-eval" in args.protocols:

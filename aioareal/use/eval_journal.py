@@ -18,6 +18,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,19 +26,28 @@ from typing import Any
 
 from ..errors import UserError
 from ..group import Completion
-from ..io import append_jsonl, jsonl_lines, parse_row
+from ..io import append_jsonl, parse_row
 
 FILE = "eval.progress.jsonl"
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "stop_string", "length")
 
 
 def phase_key(*parts: Any, prompt_ids: Sequence[list[int]]) -> str:
-    """The digest a kept prompt is filed under: `parts` (JSON values naming the target, protocol and
-    decoding settings) and every prompt's token ids."""
+    """The digest a kept prompt is filed under: `parts` (JSON values naming the target, its weights,
+    the protocol and decoding settings) and every prompt's token ids."""
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     for ids in prompt_ids:
         digest.update(json.dumps(ids).encode())
     return digest.hexdigest()
+
+
+def weights_stamp(source: str) -> list[Any]:
+    """What changes when the weights at `source` are rewritten in place: each file's name, size and
+    modification time (a directory's files, or the file itself; nothing for a hub name)."""
+    path = Path(source)
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path] if path.is_file() else []
+    return [(str(f.relative_to(path)) if path.is_dir() else f.name, f.stat().st_size, f.stat().st_mtime_ns)
+            for f in files]
 
 
 class Journal:
@@ -46,27 +56,38 @@ class Journal:
     def __init__(self, out: Path) -> None:
         self.path = out / FILE
         self.kept: dict[str, dict[int, list[Completion]]] = {}
-        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
-            raise UserError(f"{self.path}: not a regular file (a symbolic link or folder); eval keeps its "
-                            "progress there, so remove it if the directory is yours")
-        if self.path.exists():
-            for _, line in jsonl_lines(self.path):
-                if (row := _kept_row(line)) is not None:
-                    self.kept.setdefault(row[0], {})[row[1]] = row[2]
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        # One descriptor, never following a link nor waiting on a FIFO, read and then appended to.
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        refusal = (f"{self.path}: not a regular file (a symbolic link, FIFO or folder); eval keeps its "
+                   "progress there, so remove it if the directory is yours")
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as e:
-            if e.errno == errno.ELOOP:  # planted between the check and the open
-                raise UserError(f"{self.path}: a symbolic link; eval does not follow it") from None
-            raise
-        self.file = os.fdopen(fd, "a", encoding="utf-8")
+            raise UserError(refusal if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR)
+                            else f"{self.path}: cannot open ({e.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(refusal)
+        os.set_blocking(fd, True)
+        self.file = open(fd, "a+", encoding="utf-8", errors="strict", newline="\n")
+        with open(fd, "rb", closefd=False) as raw:  # the same descriptor, read from the start
+            raw.seek(0)
+            data = raw.read()
+        for line in data.split(b"\n"):
+            if line.strip() and (row := _kept_row(line)) is not None:
+                self.kept.setdefault(row[0], {})[row[1]] = row[2]
+        if data and not data.endswith(b"\n"):
+            self.file.write("\n")  # a torn last line ends here: the next prompt's line stays whole
+            self.file.flush()
 
-    def take(self, key: str, prompts: int, label: str, vocab: int, max_new_tokens: int) -> dict[int, list[Completion]]:
-        """The kept completions of `key`'s phase (of `prompts` prompts, named `label`), said aloud;
-        a completion no tokenizer of `vocab` ids could decode, or longer than the limit, is not ours."""
+    def take(self, key: str, prompts: int, size: int, label: str, vocab: int,
+             max_new_tokens: int) -> dict[int, list[Completion]]:
+        """The kept completions of `key`'s phase (of `prompts` prompts, `size` completions each, named
+        `label`), said aloud; a prompt with another count of completions, or one no tokenizer of `vocab`
+        ids could decode, or longer than the limit, is not ours."""
         def fits(completions: list[Completion]) -> bool:
-            return all(len(c.tokens) <= max_new_tokens and all(t < vocab for t in c.tokens) for c in completions)
+            return len(completions) == size and all(
+                len(c.tokens) <= max_new_tokens and all(t < vocab for t in c.tokens) for c in completions)
         kept = {i: c for i, c in self.kept.get(key, {}).items() if i < prompts and fits(c)}
         if kept:
             print(f"{label}: {len(kept)} of {prompts} prompts kept from {self.path}; continuing",
@@ -86,11 +107,11 @@ class Journal:
             self.path.unlink(missing_ok=True)
 
 
-def _kept_row(line: str | None) -> tuple[str, int, list[Completion]] | None:
+def _kept_row(raw: bytes) -> tuple[str, int, list[Completion]] | None:
     """(key, prompt index, completions) of one line, or None where it is torn or not of our shape."""
     try:
-        row = parse_row(line)
-    except ValueError:
+        row = parse_row(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
         return None
     key, index, tokens, finish = row.get("key"), row.get("prompt"), row.get("tokens"), row.get("finish")
     shaped = (isinstance(key, str) and type(index) is int and index >= 0 and isinstance(tokens, list)
