@@ -8,6 +8,7 @@ policy's pass rate) so the mean does not jump when the fastest seed stops. Noisy
 """
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from pathlib import Path
@@ -17,6 +18,7 @@ import pandas as pd
 from matplotlib import colormaps, cycler, rc_context
 from matplotlib.figure import Figure
 
+from ...io import atomic_write_bytes
 from .load import Run, by_configuration, choose_threshold, load_runs
 
 FILES = ("pass_rate_vs_step.png", "pass_rate_vs_time.png", "time_to_threshold.png", "staleness.png",
@@ -49,7 +51,11 @@ def plot_runs(runs: list[Run], out_dir: str | Path, threshold: float | None = No
     for name, fig in zip(FILES, draw_figures(groups, *choose_threshold(runs, threshold))):
         if all(len(g) == 1 for g in groups.values()):
             one_seed_titles(fig)
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        # Drawn in memory, then written whole by rename: a killed plot leaves the last PNG, and a link
+        # planted at its name is replaced, never followed.
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+        atomic_write_bytes(out / name, png.getvalue())
         paths.append(out / name)
     return paths
 
