@@ -43,23 +43,46 @@ def named(e: OSError, path: Any) -> OSError:
     return type(e)(e.errno, e.strerror or str(e), str(path))
 
 
-def open_lock_file(path: str | Path) -> int:
-    """Open (creating) a lock file for flock and return its descriptor, close-on-exec. A symbolic link
-    in its place is not followed (its target would be opened, and a writer truncates it) and a FIFO
-    must not block the open: anything but a regular file is a one-line UserError."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-    refusal = (f"{path}: not a regular file (a symbolic link, FIFO or folder); a lock file is a plain "
-               "file aioareal writes, so remove it if the directory is yours")
+def open_regular(path: str | Path, flags: int, what: str) -> int:
+    """Open (creating) `path`, a plain file aioareal writes (`what` names it), and return its
+    close-on-exec descriptor. A symbolic link in its place is not followed (its target would be
+    written) and a FIFO must not block the open: anything but a regular file is a one-line UserError."""
+    flags |= os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    refusal = (f"{path}: not a regular file (a symbolic link, FIFO or folder); {what} is a plain file "
+               "aioareal writes, so remove it if the directory is yours")
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
             raise UserError(refusal) from None
-        raise UserError(f"{path}: cannot create the lock file ({e.strerror})") from None
+        raise UserError(f"{path}: cannot open {what} ({e.strerror})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UserError(refusal)
+    os.set_blocking(fd, True)
     return fd
+
+
+def open_lock_file(path: str | Path) -> int:
+    """A lock file's descriptor for flock (`open_regular`)."""
+    return open_regular(path, os.O_RDWR, "a lock file")
+
+
+def open_append(path: str | Path) -> Any:
+    """A text file opened for appending JSONL rows (`open_regular`): a run's metrics and samples."""
+    return os.fdopen(open_regular(path, os.O_WRONLY | os.O_APPEND, "a run's log file"), "a", encoding="utf-8")
+
+
+def refuse_odd(path: str | Path) -> None:
+    """A one-line UserError when something other than a regular file stands at `path` (a link, a
+    FIFO, a folder), before a reader follows, blocks on or rewrites it; nothing there is fine."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path}: not a regular file (a symbolic link, FIFO or folder); aioareal reads and "
+                        "rewrites it as a plain file, so remove it if the directory is yours")
 
 
 @contextmanager

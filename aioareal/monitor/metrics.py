@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..io import append_jsonl, repair_jsonl
+from ..io import append_jsonl, open_append, refuse_odd, repair_jsonl
 
 METRICS_FILE, SAMPLES_FILE, EVAL_SAMPLES_FILE = "metrics.jsonl", "samples.jsonl", "eval_samples.jsonl"
 
@@ -35,13 +35,12 @@ class RunLog:
         if resume_step is not None:
             keep = lambda row: _step(row) <= resume_step  # noqa: E731
             for path in paths:
+                refuse_odd(path)  # a planted link or FIFO is neither read through nor appended to
                 repair_jsonl(path, keep)
         else:
             for path in paths:
-                path.unlink(missing_ok=True)
-        self._metrics = self.metrics_path.open("a", encoding="utf-8")
-        self._samples = self.samples_path.open("a", encoding="utf-8")
-        self._eval_samples = self.eval_samples_path.open("a", encoding="utf-8")
+                path.unlink(missing_ok=True)  # a link itself goes, its target untouched
+        self._metrics, self._samples, self._eval_samples = (open_append(path) for path in paths)
 
     def step(self, row: dict[str, Any]) -> None:
         append_jsonl(self._metrics, [clean(row)])

@@ -42,7 +42,7 @@ def test_a_lock_file_that_is_unwritable_is_one_line(tmp_path):
     try:
         if os.access(tmp_path / "ro", os.W_OK):
             pytest.skip("running as a user that writes anywhere (root)")
-        with pytest.raises(UserError, match="cannot create the lock file"):
+        with pytest.raises(UserError, match="cannot open a lock file"):
             open_lock_file(tmp_path / "ro" / ".l.lock")
     finally:
         os.chmod(tmp_path / "ro", 0o700)
