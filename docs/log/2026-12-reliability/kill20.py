@@ -59,21 +59,28 @@ def logged_steps(run_dir: Path) -> int:
     return count
 
 
-def checkpoints(run_dir: Path) -> tuple[list[str], bool]:
-    """(committed checkpoints, whether one is being written now)."""
+def checkpoints(run_dir: Path, since: float) -> tuple[list[str], bool]:
+    """(committed checkpoints, whether one is being written now: a temporary directory made after
+    `since`, the launch; one a killed writer left behind is not)."""
     folder = run_dir / "checkpoints"
     names = sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-    return [n for n in names if n.startswith("step-")], any(n.endswith(".tmp") for n in names)
+
+    def fresh(name: str) -> bool:
+        try:
+            return (folder / name).stat().st_mtime >= since
+        except FileNotFoundError:
+            return False
+    return [n for n in names if n.startswith("step-")], any(n.endswith(".tmp") and fresh(n) for n in names)
 
 
-def wait_for_kill(kind: str, run_dir: Path, proc: subprocess.Popen, rng: random.Random) -> None:
+def wait_for_kill(kind: str, run_dir: Path, proc: subprocess.Popen, rng: random.Random, launched: float) -> None:
     """Sleep until the moment `kind` draws (returns early when the run ends)."""
     if kind == "start-up":
         time.sleep(rng.uniform(2.0, 20.0))
         return
     at_launch = logged_steps(run_dir)
     while proc.poll() is None:
-        if kind == "mid-checkpoint" and checkpoints(run_dir)[1]:
+        if kind == "mid-checkpoint" and checkpoints(run_dir, launched)[1]:
             time.sleep(rng.uniform(0.0, 0.5))
             return
         if kind == "mid-step" and logged_steps(run_dir) > at_launch:
@@ -100,10 +107,10 @@ def main() -> int:
     launched = time.time()
     while kills < args.kills:
         kind = rng.choices(["start-up", "mid-step", "mid-checkpoint"], weights=[1, 2, 2])[0]
-        wait_for_kill(kind, broken, proc, rng)
+        wait_for_kill(kind, broken, proc, rng, launched)
         if proc.poll() is not None:
             break
-        committed, writing = checkpoints(broken)
+        committed, writing = checkpoints(broken, launched)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
