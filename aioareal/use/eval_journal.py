@@ -14,19 +14,16 @@ Greedy completions continue exactly; the sampled ones of prompts not yet done ar
 same seed (the engine's one random stream does not resume), as valid a sample as the first run's."""
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
 from ..group import Completion
-from ..io import append_jsonl, parse_row
+from ..io import append_jsonl, open_regular, parse_row
 
 FILE = "eval.progress.jsonl"
 FINISH_REASONS = ("stop", "stop_string", "length")
@@ -57,18 +54,7 @@ class Journal:
         self.path = out / FILE
         self.kept: dict[str, dict[int, list[Completion]]] = {}
         # One descriptor, never following a link nor waiting on a FIFO, read and then appended to.
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        refusal = (f"{self.path}: not a regular file (a symbolic link, FIFO or folder); eval keeps its "
-                   "progress there, so remove it if the directory is yours")
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except OSError as e:
-            raise UserError(refusal if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR)
-                            else f"{self.path}: cannot open ({e.strerror})") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise UserError(refusal)
-        os.set_blocking(fd, True)
+        fd = open_regular(self.path, os.O_RDWR | os.O_APPEND, "eval's progress file")
         self.file = open(fd, "a+", encoding="utf-8", errors="strict", newline="\n")
         with open(fd, "rb", closefd=False) as raw:  # the same descriptor, read from the start
             raw.seek(0)
