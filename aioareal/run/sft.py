@@ -37,6 +37,7 @@ from ..config import Config, load_config, save_config
 from ..devices import resolve_device
 from ..errors import UserError, guarded
 from ..group import Example
+from ..io import atomic_write_text
 from ..models.load_policy import END_OF_TURN, load_model, load_tokenizer, resolve_dtype
 from ..models.lora import describe, wrap
 from ..monitor.metrics import RunLog
@@ -265,7 +266,7 @@ def sft(config: Config, log: Log = print, resume: Path | None = None) -> Path:
 
             check_fresh_run_dir(run_dir)
         save_config(config, run_dir / "config.yaml")
-        (run_dir / checkpoint.SFT_MARKER).touch()
+        atomic_write_text(run_dir / checkpoint.SFT_MARKER, "")  # by rename: a planted link is replaced, not followed
         last = train_sft(config, run_dir, log, latest)
         log(f"sft written to {run_dir}; its policy: {last / checkpoint.POLICY_DIR}\n"
             f"start RL from it:  python -m aioareal model.name={run_dir} ...\n"
