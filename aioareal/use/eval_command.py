@@ -152,8 +152,8 @@ def write_evaluation(args: argparse.Namespace, config: Config, start: Config, ta
     except BaseException as e:
         journal.close(complete=False)
         if not isinstance(e, UserError) and journal.path.stat().st_size:  # a user error would come again
-            print(f"finished prompts are kept in {journal.path}: the same command with --out {out} continues "
-                  "from them", file=sys.stderr, flush=True)
+            print(one_line(f"finished prompts are kept in {journal.path}: the same command with --out {out} "
+                           "continues from them"), file=sys.stderr, flush=True)
         raise
     figures = {"task": config.data.task, "protocols": args.protocols, "n": args.n,
                "temperature": args.temperature if args.n else None, "ks": args.ks,

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import one_line
 from ..group import Completion
 from ..io import append_jsonl, open_regular, parse_row
 
@@ -76,7 +77,7 @@ class Journal:
                 len(c.tokens) <= max_new_tokens and all(t < vocab for t in c.tokens) for c in completions)
         kept = {i: c for i, c in self.kept.get(key, {}).items() if i < prompts and fits(c)}
         if kept:
-            print(f"{label}: {len(kept)} of {prompts} prompts kept from {self.path}; continuing",
+            print(one_line(f"{label}: {len(kept)} of {prompts} prompts kept from {self.path}; continuing"),
                   file=sys.stderr, flush=True)
         return kept
 
