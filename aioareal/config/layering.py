@@ -26,7 +26,6 @@ from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ..errors import ConfigError, UserError, shown
-from .limits import check_value, validate_cross_section
 from .schema import Config
 
 
@@ -208,13 +207,8 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
     for name, cls in section_types().items():
         hints = typing.get_type_hints(cls)
         values = {k: coerce(v, hints[k], f"{name}.{k}") for k, v in layers.get(name, {}).items()}
-        sections[name] = cls(**values)  # the section's own checks first: their messages say more
-        for k, v in values.items():
-            check_value(f"{name}.{k}", v)
-    config = Config(**sections)
-
-    validate_cross_section(config)
-    return config
+        sections[name] = cls(**values)  # each section checks its own fields (config/limits.py)
+    return Config(**sections)  # and Config those that span several
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

@@ -1,21 +1,28 @@
 """Valid values of single config fields, in one table: the range of every number (finite unless its
 range admits inf), plus the device names and the prompt template, whose shape is checked too.
 
-`loading.build` checks each value a config sets (YAML, flag or key=value) before its section is
-built, so a value that can never work (a NaN learning rate, a negative token limit, a zero batch,
-an Adam beta above 1) is refused at config time with the valid range in the message, never met
-mid-run as a NaN loss or an overflow (docs/reliability.md#bad-input-and-terminal-output).
+Every section checks its fields against this table when it is built (`check_fields` in its
+`__post_init__`), from a YAML file, a flag, key=value or Python alike, so a value that can never work
+(a NaN learning rate, a negative token limit, a zero batch, an Adam beta above 1) is refused at
+config time with the valid range in the message, never met mid-run as a NaN loss or an overflow
+(docs/reliability.md#bad-input-and-terminal-output). Checks that read several fields live in one
+place, `Config.__post_init__` (schema.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import string
 from typing import Any
 
 from ..errors import ConfigError, UserError
-from .schema import Config
-from .sections import check
+
+
+def check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
 
 INT_MAX = 2**31 - 1  # counts, sizes and steps: past this, tensor shapes and index arithmetic overflow
 # Completions of one step (algo.batch_groups x algo.group_size) and of one group: the engine and the
@@ -66,6 +73,12 @@ DEVICE_KEYS = ("rollout.gen_device", "rollout.train_device")
 _INTERVAL = re.compile(r"([\[(])\s*([^,\s]+)\s*,\s*([^\]\s)]+)\s*([\])])")
 
 
+def check_fields(section: str, values: Any) -> None:
+    """Each field of a section's dataclass `values` against its rule in this module."""
+    for f in dataclasses.fields(values):
+        check_value(f"{section}.{f.name}", getattr(values, f.name))
+
+
 def check_value(key: str, value: Any) -> None:
     """Refuse a value of `key` outside what it can ever be (ConfigError naming the valid range)."""
     for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
@@ -87,6 +100,7 @@ def range_error(key: str, value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     lo_open, lo, hi, hi_open = _parse(RANGES.get(key, "(-inf, inf)"))
+    open_above = math.isinf(hi)  # the table sets no upper bound: the message names the lower one alone
     if isinstance(value, int):  # ints stop at INT_MAX where the table says inf
         lo = -INT_MAX - 1 if math.isinf(lo) else lo
         hi, hi_open = (INT_MAX, False) if math.isinf(hi) else (hi, hi_open)
@@ -94,8 +108,13 @@ def range_error(key: str, value: Any) -> str | None:
     below = value < hi if hi_open else value <= hi
     if above and below:  # NaN fails both
         return None
+    finite = ("a finite number " if isinstance(value, float) and not math.isfinite(value)
+              and not (hi == math.inf and not hi_open) else "")
+    if open_above and not above and math.isfinite(lo):
+        return f"must be {finite}{'>' if lo_open else '>='} {_fmt(lo)}, got {value!r}"
+    if open_above and isinstance(value, int) and not below:
+        return f"must be at most {INT_MAX}, got {value!r}"
     interval = f"{'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
-    finite = "a finite number " if isinstance(value, float) and not (hi == math.inf and not hi_open) else ""
     return f"must be {finite}in {interval}, got {value!r}"
 
 
@@ -142,14 +161,3 @@ def check_template(key: str, template: str) -> None:
         if widest > MAX_SPEC_WIDTH:  # {question:>9999999999} would allocate that many characters per prompt
             raise ConfigError(key, f"placeholder {{{name}:{spec}}}: a width or precision of at most {MAX_SPEC_WIDTH}, "
                                    f"got {widest}")
-
-
-def validate_cross_section(config: Config) -> None:
-    """The checks that span several sections (each single field's are above and in the sections)."""
-    g = config.generation
-    check(g.num_slots == 0 or g.num_slots >= config.algo.group_size, "generation.num_slots",
-          f"must hold at least one group (algo.group_size={config.algo.group_size}), got {g.num_slots}")
-    a = config.algo
-    check(a.batch_groups * a.group_size <= STEP_COMPLETIONS_MAX, "algo.batch_groups",
-          f"x algo.group_size is {a.batch_groups * a.group_size:,} completions a step; at most "
-          f"{STEP_COMPLETIONS_MAX:,} fit a machine's memory (a step holds all of them at once)")

@@ -1,4 +1,5 @@
-"""Typed configuration: one dataclass per concern, invariants checked where they are defined.
+"""Typed configuration: one dataclass per concern. Each section checks its own fields against
+limits.py's table when built; `Config.__post_init__` checks what spans several fields.
 
 Defaults describe the offline default run (tiny Qwen2 model, synthetic arithmetic, CPU); the YAML
 files in `configs/` override them for real models. Every field carries its help text, which the
@@ -9,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .sections import AlgoConfig, SFTConfig, ToolsConfig, TrainConfig, WarmupConfig, check, doc
+from .limits import STEP_COMPLETIONS_MAX, check, check_fields
+from .sections import AlgoConfig, SFTConfig, ToolsConfig, TrainConfig, WarmupConfig, doc
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -42,11 +44,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check(bool(self.name.strip()), "model.name", "must name a model: 'tiny', a hub name, a local directory, "
               "a .gguf file or random:<shape>")
-        check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
-        check(self.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {self.lora_alpha}")
-        check(0 <= self.lora_dropout < 1, "model.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
-        check(self.lora_rank == 0 or bool(self.lora_targets), "model.lora_targets",
-              "must name at least one module when model.lora_rank > 0, e.g. q_proj,v_proj")
+        check_fields("model", self)
 
 
 @dataclass
@@ -81,9 +79,7 @@ class DataConfig:
                                    "counted (episode_errors)", 300.0)
 
     def __post_init__(self) -> None:
-        check(self.eval_size >= 0, "data.eval_size", f"must be >= 0, got {self.eval_size}")
-        check(self.episode_timeout_s > 0, "data.episode_timeout_s", f"must be > 0, got {self.episode_timeout_s}")
-        check(self.max_prompt_tokens > 0, "data.max_prompt_tokens", f"must be > 0, got {self.max_prompt_tokens}")
+        check_fields("data", self)
 
 
 @dataclass
@@ -101,11 +97,9 @@ class ArithmeticConfig:
         "model's format)", "raw")
 
     def __post_init__(self) -> None:
-        check(1 <= self.digits <= 6, "arithmetic.digits", f"must be in 1..6, got {self.digits}")
-        check(0 <= self.max_operand < 10 ** self.digits, "arithmetic.max_operand",
-              f"must be in 0..{10 ** self.digits - 1} (arithmetic.digits={self.digits}), got {self.max_operand}")
         bad = set(self.ops) - set("+-*%")
         check(bool(self.ops) and not bad, "arithmetic.ops", f"must use only '+-*%', got '{self.ops}'")
+        check_fields("arithmetic", self)
 
 
 @dataclass
@@ -125,12 +119,7 @@ class RewardConfig:
         "it fails (reward_errors) and its worker is replaced; 0 = no limit", 4096)
 
     def __post_init__(self) -> None:
-        check(self.workers > 0, "reward.workers", f"must be > 0, got {self.workers}")
-        check(self.timeout_s > 0, "reward.timeout_s", f"must be > 0, got {self.timeout_s}")
-        check(self.memory_limit_mb >= 0, "reward.memory_limit_mb", f"must be >= 0 (0 = no limit), got "
-              f"{self.memory_limit_mb}")
-        check(not self.weights or len(self.weights) == len(self.functions), "reward.weights",
-              f"has {len(self.weights)} entries for {len(self.functions)} reward.functions")
+        check_fields("reward", self)
 
 
 @dataclass
@@ -157,12 +146,9 @@ class GenerationConfig:
                                                    "slower); auto = the engine where it is exact, else hf", "auto")
 
     def __post_init__(self) -> None:
-        check(self.max_new_tokens > 0, "generation.max_new_tokens", f"must be > 0, got {self.max_new_tokens}")
-        check(self.temperature > 0, "generation.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
-        check(0 < self.top_p <= 1, "generation.top_p", f"must be in (0, 1], got {self.top_p}")
-        check(self.num_slots >= 0, "generation.num_slots", f"must be >= 0, got {self.num_slots}")
         check(self.fused_sampler in (True, False, "auto"), "generation.fused_sampler",
               f"must be true, false or auto, got {self.fused_sampler!r}")
+        check_fields("generation", self)
 
 
 # K when rollout.max_staleness is not given: sync fresh samples only, one-step one batch, async 2 versions ahead.
@@ -182,14 +168,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         if self.max_staleness is None:
             self.max_staleness = DEFAULT_STALENESS[self.mode]
-        k = self.max_staleness
-        check(k >= 0, "rollout.max_staleness", f"must be >= 0, got {k}")
-        check(self.mode != "sync" or k == 0, "rollout.max_staleness",
-              f"sync mode trains only fresh samples (K=0), got {k}; use --mode async for K > 0")
-        check(self.mode != "one-step" or k == 1, "rollout.max_staleness",
-              f"one-step mode overlaps exactly one batch (K=1), got {k}; use --mode async for other K")
-        check(self.devices_per_rank in (1, 2), "rollout.devices_per_rank",
-              f"must be 1 (generator and trainer share a GPU) or 2 (one GPU each), got {self.devices_per_rank}")
+        check_fields("rollout", self)
 
 
 @dataclass
@@ -201,9 +180,7 @@ class EvalConfig:
     temperature: float = doc("sampling temperature of those eval.samples completions", 1.0)
 
     def __post_init__(self) -> None:
-        check(self.every >= 0, "eval.every", f"must be >= 0, got {self.every}")
-        check(self.samples >= 0, "eval.samples", f"must be >= 0 (0 = greedy only), got {self.samples}")
-        check(self.temperature > 0, "eval.temperature", f"must be > 0, got {self.temperature}")
+        check_fields("eval", self)
 
 
 @dataclass
@@ -237,11 +214,7 @@ class RunConfig:
         check(not unknown, "run.trackers", f"unknown tracker {unknown[0]!r}; expected any of {', '.join(TRACKERS)}"
               if unknown else "")
         check(len(set(self.trackers)) == len(self.trackers), "run.trackers", f"names a tracker twice: {self.trackers}")
-        check(self.cpu_threads >= 0, "run.cpu_threads", f"must be >= 0 (0 = auto), got {self.cpu_threads}")
-        check(self.checkpoint_every >= 0, "run.checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
-        check(self.sample_text_chars >= 0, "run.sample_text_chars",
-              f"must be >= 0 characters (0 = no text), got {self.sample_text_chars}")
-        check(self.keep_checkpoints >= 1, "run.keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+        check_fields("run", self)
 
 
 @dataclass
@@ -257,8 +230,7 @@ class DistConfig:
                           "WORLD_SIZE; 0 for a single process)", 0)
 
     def __post_init__(self) -> None:
-        check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0 seconds, got {self.timeout_s}")
-        check(self.world_size >= 0, "dist.world_size", f"must be >= 0, got {self.world_size}")
+        check_fields("dist", self)
 
 
 @dataclass
@@ -277,3 +249,34 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+
+    def __post_init__(self) -> None:
+        """The checks that read more than one field (a section's own fields are checked when it is built)."""
+        m, a, r, g = self.model, self.algo, self.rollout, self.generation
+        check(m.lora_rank == 0 or bool(m.lora_targets), "model.lora_targets",
+              "must name at least one module when model.lora_rank > 0, e.g. q_proj,v_proj")
+        digits = self.arithmetic.digits
+        check(self.arithmetic.max_operand < 10 ** digits, "arithmetic.max_operand",
+              f"must be in 0..{10 ** digits - 1} (arithmetic.digits={digits}), got {self.arithmetic.max_operand}")
+        rw = self.reward
+        check(not rw.weights or len(rw.weights) == len(rw.functions), "reward.weights",
+              f"has {len(rw.weights)} entries for {len(rw.functions)} reward.functions")
+        check(g.num_slots == 0 or g.num_slots >= a.group_size, "generation.num_slots",
+              f"must hold at least one group (algo.group_size={a.group_size}), got {g.num_slots}")
+        check(a.batch_groups * a.group_size <= STEP_COMPLETIONS_MAX, "algo.batch_groups",
+              f"x algo.group_size is {a.batch_groups * a.group_size:,} completions a step; at most "
+              f"{STEP_COMPLETIONS_MAX:,} fit a machine's memory (a step holds all of them at once)")
+        check(a.batch_groups % a.minibatches == 0, "algo.minibatches",
+              f"must divide algo.batch_groups={a.batch_groups}, got {a.minibatches}")
+        check(a.tis_cap is None or a.objective != "decoupled", "algo.tis_cap",
+              "the decoupled objective already weights each token by pi_prox / pi_behav, capped at algo.behav_cap "
+              "(behav_cap_mode=clamp is truncated importance sampling); unset algo.tis_cap, or use ppo or dg")
+        check(r.mode != "sync" or r.max_staleness == 0, "rollout.max_staleness",
+              f"sync mode trains only fresh samples (K=0), got {r.max_staleness}; use --mode async for K > 0")
+        check(r.mode != "one-step" or r.max_staleness == 1, "rollout.max_staleness",
+              f"one-step mode overlaps exactly one batch (K=1), got {r.max_staleness}; use --mode async for other K")
+        check(self.sft.micro_batch <= self.sft.batch_size, "sft.micro_batch",
+              f"must be at most sft.batch_size ({self.sft.batch_size}), got {self.sft.micro_batch}")
+        lat = self.tools.latency_ms
+        check(len(lat) <= 2 and (len(lat) < 2 or lat[0] <= lat[1]), "tools.latency_ms",
+              f"must be [] or [ms] or [lo, hi] with 0 <= lo <= hi, got {lat}")

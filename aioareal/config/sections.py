@@ -1,14 +1,14 @@
-"""The typed config's smaller sections and the two helpers every section uses (a field with help
-text, a check naming the field it rejects): `algo` (the RL objective and its optimizer), `train`
-(how the trainer computes a step), `sft` (supervised fine-tuning, docs/sft.md), `warmup` (the tiny
-model's warm-start) and `tools` (what episodes may call). schema.py holds the rest and `Config`;
-limits.py the valid range of every number."""
+"""The typed config's smaller sections: `algo` (the RL objective and its optimizer), `train` (how the
+trainer computes a step), `sft` (supervised fine-tuning, docs/sft.md), `warmup` (the tiny model's
+warm-start) and `tools` (what episodes may call), and `doc`, the field with help text that every
+section uses. schema.py holds the rest and `Config`, whose `__post_init__` holds the checks that read
+several fields; limits.py the valid values of each single field."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import ConfigError
+from .limits import check, check_fields
 
 
 def doc(text: str, default: object) -> object:
@@ -16,11 +16,6 @@ def doc(text: str, default: object) -> object:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": text})
     return field(default=default, metadata={"help": text})
-
-
-def check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(key, message)
 
 
 @dataclass
@@ -44,9 +39,9 @@ class AlgoConfig:
     # correction of bad tokens the policy has since made likelier (plots/decoupled-k8-tiny/report.md).
     behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: clamp the weight of tokens over the cap, or mask "
                                                    "them out", "clamp")
-    prox: Literal["recompute", "loglinear", "none"] = doc(
-        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions; "
-        "none computes no proximal policy (ppo and dg need none)", "recompute")
+    prox: Literal["recompute", "loglinear"] = doc(
+        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions (ppo and dg "
+        "compute none)", "recompute")
     dg_eta: float = doc("Delightful PG gate temperature", 1.0)
     tis_cap: float | None = doc(
         "truncated importance sampling on the engine/trainer mismatch (Yao et al. 2025): w = min(pi_old / "
@@ -65,26 +60,7 @@ class AlgoConfig:
     warmup_steps: int = doc("linear learning-rate warmup, in optimizer steps", 0)
 
     def __post_init__(self) -> None:
-        check(self.group_size >= 2, "algo.group_size", f"must be >= 2 for group advantages, got {self.group_size}")
-        check(self.batch_groups > 0, "algo.batch_groups", f"must be > 0, got {self.batch_groups}")
-        check(self.minibatches > 0, "algo.minibatches", f"must be > 0, got {self.minibatches}")
-        check(self.batch_groups % self.minibatches == 0, "algo.minibatches",
-              f"must divide algo.batch_groups={self.batch_groups}, got {self.minibatches}")
-        check(self.ppo_epochs > 0, "algo.ppo_epochs", f"must be > 0, got {self.ppo_epochs}")
-        check(0 <= self.clip_eps_low < 1, "algo.clip_eps_low", f"must be in [0, 1), got {self.clip_eps_low}")
-        check(self.clip_eps_high >= 0, "algo.clip_eps_high", f"must be >= 0, got {self.clip_eps_high}")
-        check(self.kl_coef >= 0, "algo.kl_coef", f"must be >= 0, got {self.kl_coef}")
-        check(self.behav_cap > 1, "algo.behav_cap", f"must be > 1, got {self.behav_cap}")
-        check(self.dg_eta > 0, "algo.dg_eta", f"must be > 0, got {self.dg_eta}")
-        check(self.tis_cap is None or self.tis_cap > 0, "algo.tis_cap",
-              f"must be > 0 (or null = off), got {self.tis_cap}")
-        check(self.tis_cap is None or self.objective != "decoupled", "algo.tis_cap",
-              "the decoupled objective already weights each token by pi_prox / pi_behav, capped at algo.behav_cap "
-              "(behav_cap_mode=clamp is truncated importance sampling); unset algo.tis_cap, or use ppo or dg")
-        check(self.objective != "decoupled" or self.prox != "none", "algo.prox",
-              "the decoupled objective needs a proximal policy: set algo.prox to recompute or loglinear")
-        check(self.lr > 0, "algo.lr", f"must be > 0, got {self.lr}")
-        check(self.grad_clip >= 0, "algo.grad_clip", f"must be >= 0, got {self.grad_clip}")
+        check_fields("algo", self)
 
 
 @dataclass
@@ -118,10 +94,7 @@ class TrainConfig:
                                  "it; 0 = 0.05 when both compute in fp32, else 2.0 (none with recompute_kv=false)", 0.0)
 
     def __post_init__(self) -> None:
-        check(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
-        check(self.micro_batch_tokens > 0, "train.micro_batch_tokens", f"must be > 0, got {self.micro_batch_tokens}")
-        check(self.logprob_chunk > 0, "train.logprob_chunk", f"must be > 0, got {self.logprob_chunk}")
-        check(self.max_logprob_gap >= 0, "train.max_logprob_gap", f"must be >= 0, got {self.max_logprob_gap}")
+        check_fields("train", self)
 
 
 @dataclass
@@ -141,13 +114,7 @@ class SFTConfig:
     eval_every: int = doc("held-out loss every N steps (0 = at the start and the end only)", 25)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "micro_batch", "max_tokens"):
-            check(getattr(self, name) >= 1, f"sft.{name}", f"must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_size", "eval_every"):
-            check(getattr(self, name) >= 0, f"sft.{name}", f"must be >= 0, got {getattr(self, name)}")
-        check(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
-        check(self.micro_batch <= self.batch_size, "sft.micro_batch",
-              f"must be at most sft.batch_size ({self.batch_size}), got {self.micro_batch}")
+        check_fields("sft", self)
 
 
 @dataclass
@@ -173,11 +140,7 @@ class WarmupConfig:
         check(not set(self.ops) - set("+-*%"), "warmup.ops", f"must use only '+-*%', got '{self.ops}'")
         check(not set(self.extra_ops) - set("+-*%"), "warmup.extra_ops", f"must use only '+-*%', got "
               f"'{self.extra_ops}'")
-        check(0 <= self.extra_calls <= 1, "warmup.extra_calls", f"must be in 0..1, got {self.extra_calls}")
-        check(1 <= self.extra_digits <= 6, "warmup.extra_digits", f"must be in 1..6, got {self.extra_digits}")
-        check(0 <= self.digits <= 6, "warmup.digits", f"must be in 0..6, got {self.digits}")
-        check(0 < self.target_pass_rate < 1, "warmup.target_pass_rate",
-              f"must be in (0, 1), got {self.target_pass_rate}")
+        check_fields("warmup", self)
 
 
 @dataclass
@@ -197,9 +160,4 @@ class ToolsConfig:
                                   "milliseconds (one value: exactly that); empty = none", [])
 
     def __post_init__(self) -> None:
-        check(self.timeout_s > 0, "tools.timeout_s", f"must be > 0, got {self.timeout_s}")
-        check(self.max_calls >= 0, "tools.max_calls", f"must be >= 0, got {self.max_calls}")
-        check(self.max_threads > 0, "tools.max_threads", f"must be > 0, got {self.max_threads}")
-        lat = self.latency_ms
-        check(len(lat) <= 2 and all(x >= 0 for x in lat) and (len(lat) < 2 or lat[0] <= lat[1]), "tools.latency_ms",
-              f"must be [] or [ms] or [lo, hi] with 0 <= lo <= hi, got {lat}")
+        check_fields("tools", self)

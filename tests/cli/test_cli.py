@@ -17,7 +17,7 @@ def run_cli(*args, cwd=None):
 
 @pytest.mark.parametrize("args, expected", [
     (["algo.lrr=1"], "error: config key 'algo.lrr': unknown key; did you mean 'algo.lr'?"),
-    (["algo.batch_groups=-1"], "error: config key 'algo.batch_groups': must be > 0, got -1"),
+    (["algo.batch_groups=-1"], "error: config key 'algo.batch_groups': must be in [1, 524288], got -1"),
     (["model.name=./no/such/model"], "error: model.name './no/such/model': no such file or directory"),
     (["--config", "missing.yaml"], "error: config file not found: missing.yaml"),
 ])

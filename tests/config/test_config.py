@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from aioareal.config import load_config
+from aioareal.config import AlgoConfig, Config, TrainConfig, load_config
 from aioareal.errors import ConfigError, UserError
 
 
@@ -18,7 +18,7 @@ def test_layering_defaults_yaml_flags_overrides(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ("algo.lrr=1", "config key 'algo.lrr': unknown key; did you mean 'algo.lr'?"),
-    ("algo.batch_groups=-1", "config key 'algo.batch_groups': must be > 0, got -1"),
+    ("algo.batch_groups=-1", "config key 'algo.batch_groups': must be in [1, 524288], got -1"),
     ("algo.lr=abc", "config key 'algo.lr': expected a number, got 'abc'"),
     ("rollout.mode=fast", "config key 'rollout.mode': expected one of sync | one-step | async, got 'fast'"),
     ("algo.group_size=2.5", "config key 'algo.group_size': expected an integer, got 2.5"),
@@ -107,8 +107,21 @@ def test_trl_names_get_the_right_key_not_the_nearest_spelling():
 
 
 def test_a_temperature_whose_logits_overflow_is_refused():
-    with pytest.raises(ConfigError, match=r"generation.temperature': must be a finite number in \[0.001, inf\)"):
+    with pytest.raises(ConfigError, match=r"generation.temperature': must be >= 0.001, got 1e-300"):
         load_config(None, ["generation.temperature=1e-300"])
+
+
+def test_each_section_checks_its_fields_from_python_too_and_config_the_fields_they_join():
+    """One table (config/limits.py) checks every single field, however the section is built (YAML, key=value or
+    Python); `Config` checks what spans fields, however its sections were built."""
+    with pytest.raises(ConfigError, match=r"'algo.lr': must be a finite number > 0, got nan"):
+        AlgoConfig(lr=float("nan"))
+    with pytest.raises(ConfigError, match=r"'train.steps': must be at most 2147483647"):
+        TrainConfig(steps=2**40)
+    with pytest.raises(ConfigError, match=r"'algo.minibatches': must divide algo.batch_groups=4, got 3"):
+        Config(algo=AlgoConfig(batch_groups=4, minibatches=3))
+    with pytest.raises(ConfigError, match=r"'rollout.max_staleness': sync mode trains only fresh samples"):
+        load_config(None, ["rollout.max_staleness=2"])
 
 
 def test_a_torchrun_variable_that_is_no_number_is_one_line(monkeypatch):

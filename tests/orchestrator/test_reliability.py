@@ -64,7 +64,7 @@ def catalogue(tmp: Path, no_template: Path, finished: Path) -> list[tuple[list[s
         (["--mode", "async", "--max-staleness", "-1"], "config key 'rollout.max_staleness': must be >= 0, got -1"),
         (["algo.batch_groups=6", "algo.minibatches=4"], "config key 'algo.minibatches': must divide"),
         (["--mode", "one-step", "--max-staleness", "0"], "one-step mode overlaps exactly one batch (K=1), got 0"),
-        (["--objective", "decoupled", "algo.prox=none"], "the decoupled objective needs a proximal policy"),
+        (["--objective", "decoupled", "algo.prox=none"], "expected one of recompute | loglinear, got 'none'"),
         (["model.name=./missing/model"], "model.name './missing/model': no such file or directory"),
         ([f"model.name={no_template}", "data.task=file", f"data.path={qa}", "data.eval_size=5"],
          "data.chat_template is true but the tokenizer has no chat template"),
