@@ -26,6 +26,7 @@ from yaml.composer import ComposerError
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from ..errors import ConfigError, UserError, shown
+from .limits import check_run_shape
 from .schema import Config
 
 
@@ -208,7 +209,9 @@ def build(layers: dict[str, dict[str, Any]]) -> Config:
         hints = typing.get_type_hints(cls)
         values = {k: coerce(v, hints[k], f"{name}.{k}") for k, v in layers.get(name, {}).items()}
         sections[name] = cls(**values)  # each section checks its own fields (config/limits.py)
-    return Config(**sections)  # and Config those that span several
+    config = Config(**sections)  # and Config those that span several
+    check_run_shape(config)
+    return config
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,

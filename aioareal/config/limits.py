@@ -161,3 +161,14 @@ def check_template(key: str, template: str) -> None:
         if widest > MAX_SPEC_WIDTH:  # {question:>9999999999} would allocate that many characters per prompt
             raise ConfigError(key, f"placeholder {{{name}:{spec}}}: a width or precision of at most {MAX_SPEC_WIDTH}, "
                                    f"got {widest}")
+
+
+def check_run_shape(config: Any) -> None:
+    """A run's slots and step against its groups, checked when a run's config is loaded (layering.py).
+    Not in `Config.__post_init__`: `bench gen` builds engines whose slots hold fewer than a group."""
+    g, a = config.generation, config.algo
+    check(g.num_slots == 0 or g.num_slots >= a.group_size, "generation.num_slots",
+          f"must hold at least one group (algo.group_size={a.group_size}), got {g.num_slots}")
+    check(a.batch_groups * a.group_size <= STEP_COMPLETIONS_MAX, "algo.batch_groups",
+          f"x algo.group_size is {a.batch_groups * a.group_size:,} completions a step; at most "
+          f"{STEP_COMPLETIONS_MAX:,} fit a machine's memory (a step holds all of them at once)")

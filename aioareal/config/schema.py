@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .limits import STEP_COMPLETIONS_MAX, check, check_fields
+from .limits import check, check_fields
 from .sections import AlgoConfig, SFTConfig, ToolsConfig, TrainConfig, WarmupConfig, doc
 
 # Every Linear of a Qwen2/Llama block: the projections the generation engine calls by these names.
@@ -251,8 +251,9 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self) -> None:
-        """The checks that read more than one field (a section's own fields are checked when it is built)."""
-        m, a, r, g = self.model, self.algo, self.rollout, self.generation
+        """The checks that read more than one field (a section's own fields are checked when it is built);
+        those of a run's shape (limits.check_run_shape) when a run's config is loaded."""
+        m, a, r = self.model, self.algo, self.rollout
         check(m.lora_rank == 0 or bool(m.lora_targets), "model.lora_targets",
               "must name at least one module when model.lora_rank > 0, e.g. q_proj,v_proj")
         digits = self.arithmetic.digits
@@ -261,11 +262,6 @@ class Config:
         rw = self.reward
         check(not rw.weights or len(rw.weights) == len(rw.functions), "reward.weights",
               f"has {len(rw.weights)} entries for {len(rw.functions)} reward.functions")
-        check(g.num_slots == 0 or g.num_slots >= a.group_size, "generation.num_slots",
-              f"must hold at least one group (algo.group_size={a.group_size}), got {g.num_slots}")
-        check(a.batch_groups * a.group_size <= STEP_COMPLETIONS_MAX, "algo.batch_groups",
-              f"x algo.group_size is {a.batch_groups * a.group_size:,} completions a step; at most "
-              f"{STEP_COMPLETIONS_MAX:,} fit a machine's memory (a step holds all of them at once)")
         check(a.batch_groups % a.minibatches == 0, "algo.minibatches",
               f"must divide algo.batch_groups={a.batch_groups}, got {a.minibatches}")
         check(a.tis_cap is None or a.objective != "decoupled", "algo.tis_cap",
