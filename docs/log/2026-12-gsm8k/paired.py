@@ -29,5 +29,6 @@ for name, x in (("before", b), ("after", a), ("after - before (paired)", [y - z 
 for name, r in (("before", before), ("after", after)):
     print(f"{name}: mean length {sum(r[i]['length'] for i in ids) / len(ids):.1f}, "
           f"cut off {sum(r[i]['truncated'] for i in ids) / len(ids):.3f}")
-print("both pass", sum(bool(x and y) for x, y in zip(b, a)), "before only", sum(bool(x and not y) for x, y in zip(b, a)),
+print("both pass", sum(bool(x and y) for x, y in zip(b, a)),
+      "before only", sum(bool(x and not y) for x, y in zip(b, a)),
       "after only", sum(bool(y and not x) for x, y in zip(b, a)))
