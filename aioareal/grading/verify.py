@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import threading
 from fractions import Fraction
 from typing import Any
@@ -23,13 +24,29 @@ from ..isolation.pool import Deferred, shared_pool
 from .final_answer import MAX_CHARS, find_answer, normalize_number
 from .numbers import Reading, read_span
 
-SYMBOLIC_MODULE = "aioareal.grading.symbolic"
-SYMBOLIC = f"{SYMBOLIC_MODULE}:equivalent"
+# A reward worker imports math-verify (sympy: seconds) before its first job, not during one.
+SYMBOLIC_MODULE = "math_verify"
+SYMBOLIC = f"{__name__}:equivalent"
 TOLERANCE = Fraction(1, 10**6)  # agree to 6 decimal places (math-verify's float_rounding=6)
 MAX_REFERENCE_CHARS = MAX_CHARS  # a bare reference answer longer than what is read of a completion is not one
 
 _lock = threading.Lock()
 _failures = 0
+
+# "Timeout is disabled ..." on every call: the worker pool is the timeout.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+def equivalent(gold: str, predicted: str) -> float:
+    """1.0 when math-verify finds the two answers equal, else 0.0. Run only in a reward worker
+    process (`isolation/pool.py`): sympy may run without bound while holding the GIL, and the pool
+    kills a worker on timeout. math-verify's own timeouts (`signal.alarm`) are off for that reason."""
+    from math_verify import parse, verify  # here, not at the top: the trainer's process never loads sympy
+
+    # Wrapping in \boxed{} makes math-verify's LaTeX extractor take the whole answer.
+    g = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+    p = parse(f"\\boxed{{{predicted}}}", parsing_timeout=None)
+    return float(bool(g) and bool(p) and verify(g, p, timeout_seconds=None))
 
 
 def verify_failures() -> int:
