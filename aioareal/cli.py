@@ -225,9 +225,9 @@ def commands() -> dict[str, Callable[[list[str]], int]]:
             "plot": lazy(".lab.experiments.commands", "cmd_plot"),
             "report": lazy(".lab.experiments.commands", "cmd_report"),
             "sweep": lazy(".lab.experiments.commands", "cmd_sweep"), "bench": lazy(".lab.bench", "main"),
-            "simulate": lazy(".lab.simulate.command", "main"), "samples": lazy(".monitor.completions", "main"),
+            "simulate": lazy(".lab.simulate.command", "main"), "samples": lazy(".use.samples", "main"),
             "eval": lazy(".use.eval_command", "main"), "chat": lazy(".use.chat", "main"),
-            "export": lazy(".checkpoint.export", "main")}
+            "export": lazy(".use.export", "main")}
 
 
 def commands_help() -> str:

@@ -31,9 +31,9 @@ from ..errors import UserError, guarded, one_line
 from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..models.prompt_encoding import PromptEncoder
 from ..models.template_sandbox import apply_template, template_error
-from ..monitor.completions import printable
 from ..run.warmup import SUMMARY_FILE as WARMUP_SUMMARY
 from .eval_command import split_items
+from .samples import printable
 from .targets import model_source, resolve, target_config
 
 NAMED_MODEL_TOKENS = 256  # the reply limit for a model given by name, with no run config to take it from

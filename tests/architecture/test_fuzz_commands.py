@@ -159,7 +159,7 @@ def test_eval_lets_through_only_values_in_range(options: list[str]) -> None:
 @FUZZ
 @given(st.sampled_from(["policy"]) | paths, flags(["--gguf", "--type", "--hub"]))
 def test_export_arguments(target: str, options: list[str]) -> None:
-    from aioareal.checkpoint import export
+    from aioareal.use import export
 
     with workspace():
         run_command(["export", target, *options], {(export, "write_gguf"): reached(out=1),

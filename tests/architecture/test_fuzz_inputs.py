@@ -27,10 +27,10 @@ from aioareal.config import known_keys, load_config
 from aioareal.config.layering import section_types
 from aioareal.lab.experiments.load import read_config, read_frame
 from aioareal.lab.experiments.sweep import plan
-from aioareal.monitor.completions import read_samples
 from aioareal.monitor.metrics import RunLog
 from aioareal.run.build import task_from
 from aioareal.tasks.base import PromptRenderer
+from aioareal.use.samples import read_samples
 
 FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = known_keys()

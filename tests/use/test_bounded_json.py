@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from aioareal.errors import DataError, UserError
 from aioareal.io import MAX_JSON_DEPTH, iter_jsonl, loads_bounded, repair_jsonl
-from aioareal.monitor.completions import read_samples
 from aioareal.tasks.rows import read_file
+from aioareal.use.samples import read_samples
 
 DEEP = "[" * 100_000 + "]" * 100_000
 DEEP_ROW = '{"question": "1+1", "answer": "2", "x": ' + "{\"a\": " * 50_000 + "1" + "}" * 50_000 + "}"

@@ -15,11 +15,11 @@ from rich.text import Text
 
 from aioareal.cli import main
 from aioareal.group import Completion, Example, Group, Sample
-from aioareal.monitor.completions import select
 from aioareal.monitor.dashboard import render
 from aioareal.monitor.live import LiveState
 from aioareal.orchestrator.step_report import PROMPT_TEXT_CHARS, clip_text, sample_rows
 from aioareal.rewards.service import RewardService
+from aioareal.use.samples import select
 
 OLD_FIELDS = {"step", "group_id", "version_min", "version_max", "staleness", "reward", "advantage", "length",
               "finish_reason", "admitted_at", "finished_at", "trained_at"}

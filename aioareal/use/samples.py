@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import DataError, UserError, guarded, reading, terminal_safe
 from ..io import jsonl_lines, parse_row
-from .metrics import EVAL_SAMPLES_FILE, SAMPLES_FILE
+from ..monitor.metrics import EVAL_SAMPLES_FILE, SAMPLES_FILE
 
 NO_TEXT = "(no text: run.sample_text_chars=0, or the scorer never decoded it)"
 NUMBERS = ("step", "reward")  # fields every row must hold, as numbers, to be selected and sorted

@@ -12,8 +12,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ..checkpoint.atomic import POLICY_DIR, latest_checkpoint
 from ..errors import UserError, guarded
-from .atomic import POLICY_DIR, latest_checkpoint
 
 
 def parser() -> argparse.ArgumentParser:
