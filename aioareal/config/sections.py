@@ -40,8 +40,8 @@ class AlgoConfig:
     behav_cap_mode: Literal["mask", "clamp"] = doc("decoupled: clamp the weight of tokens over the cap, or mask "
                                                    "them out", "clamp")
     prox: Literal["recompute", "loglinear"] = doc(
-        "decoupled: pi_prox by a forward pass, or log-linear interpolation from token versions (ppo and dg "
-        "compute none)", "recompute")
+        "decoupled with several updates a step: pi_prox by a forward pass, or log-linear interpolation from "
+        "token versions (with one update, either is the loss forward's own; ppo and dg compute none)", "recompute")
     dg_eta: float = doc("Delightful PG gate temperature", 1.0)
     tis_cap: float | None = doc(
         "truncated importance sampling on the engine/trainer mismatch (Yao et al. 2025): w = min(pi_old / "

@@ -35,7 +35,10 @@ def loglinear_prox(logp: torch.Tensor, behav_logp: torch.Tensor, token_versions:
                    prox_version: float, theta_version: float) -> torch.Tensor:
     """log pi_prox without a forward pass, interpolated in log space between the behaviour policy
     (version v_b, per token) and the current one: log pi_b + alpha (log pi_theta - log pi_b),
-    alpha = (v_prox - v_b) / (v_theta - v_b); exact at both ends."""
+    alpha = (v_prox - v_b) / (v_theta - v_b); exact at both ends. At a step's first update (theta is
+    still the step's start) it is log pi_theta itself, which is also what a recomputing forward would give."""
+    if theta_version == prox_version:
+        return logp.detach()
     span = theta_version - token_versions
     alpha = torch.where(span > 0, (prox_version - token_versions) / span.clamp(min=1e-6), torch.ones_like(span))
     return (behav_logp + alpha.clamp(0, 1) * (logp.detach() - behav_logp)).detach()

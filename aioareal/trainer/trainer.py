@@ -144,11 +144,12 @@ class Trainer:
     @torch.no_grad()
     def fill_fixed_logprobs(self, packed: list[list[MicroBatch]]) -> None:
         """pi_prox (the policy at the start of this step, docs/architecture.md rule 4) and the reference policy."""
-        # algo.tis_cap needs the start-of-step log-probs of every token; with one update per step the
-        # loss forward gives them itself (no update has happened yet), so only several updates pay a pass.
+        # pi_prox (decoupled) and tis_cap's pi_old are the start-of-step log-probs of every token; with
+        # one update per step the loss forward gives them itself (no update has happened yet), so only
+        # several updates pay a forward pass for them.
         several = self.algo.minibatches * self.algo.ppo_epochs > 1
-        need_prox = (self.algo.objective == "decoupled" and self.algo.prox == "recompute"
-                     or self.algo.tis_cap is not None and several)
+        need_prox = several and (self.algo.objective == "decoupled" and self.algo.prox == "recompute"
+                                 or self.algo.tis_cap is not None)
         for mb in (mb for part in packed for mb in part):
             if need_prox:
                 mb.prox_logp = self._logprobs(self.model, mb)[0].float()

@@ -138,6 +138,40 @@ def test_trainer_step_updates_the_weights_and_reports(objective):
     assert ("dg_gate_mean" in metrics) == (objective == "dg")
 
 
+def _decoupled_step(config, recompute: bool):
+    """One step from the same weights and groups: its metrics, the weights after it, and how many
+    trainer forwards it ran (a recomputing pass, where asked, fills pi_prox outside that count)."""
+    model = random_model("tiny", torch.float32, torch.device("cpu"), seed=1)
+    trainer = Trainer(model, config.algo, config.train, pad_id=0)
+    forwards, logprobs, fill = [], trainer._logprobs, trainer.fill_fixed_logprobs
+    trainer._logprobs = lambda *a, **kw: forwards.append(1) or logprobs(*a, **kw)
+
+    def fill_and_recompute(packed):  # the pass the trainer used to pay before its one update
+        fill(packed)
+        with torch.no_grad():
+            for mb in (mb for part in packed for mb in part):
+                mb.prox_logp = logprobs(model, mb)[0].float()
+
+    if recompute:
+        trainer.fill_fixed_logprobs = fill_and_recompute
+    metrics = train_step(trainer, _groups())
+    return metrics, [p.detach().clone() for p in model.parameters()], len(forwards)
+
+
+def test_decoupled_with_one_update_a_step_spends_no_forward_on_pi_prox_and_updates_as_a_recomputed_one():
+    """pi_prox is the policy at the step's start: with one update a step that is the update's own
+    forward, detached, so no pass is spent on it. The update equals the one a recomputing pass gives."""
+    config = load_config(overrides=["algo.objective=decoupled", "algo.prox=recompute", "algo.batch_groups=2",
+                                    "algo.group_size=4"])
+    skipped, after, n = _decoupled_step(config, recompute=False)
+    recomputed, want, n_recomputed = _decoupled_step(config, recompute=True)
+    assert n == skipped["micro_batches"] and n_recomputed == n  # the loss forwards alone
+    for a, b in zip(after, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert skipped["loss"] == pytest.approx(recomputed["loss"], rel=1e-5, abs=1e-7)
+    assert skipped["behav_weight_max"] == pytest.approx(recomputed["behav_weight_max"], rel=1e-5)
+
+
 def test_fp16_loss_scaler_skips_count_and_leave_the_schedule_alone():
     from aioareal.trainer.trainer import MAX_CONSECUTIVE_SKIPS, SCALER_CALIBRATION_SKIPS, NonFiniteError
 
