@@ -47,7 +47,7 @@ from ..generation.sequence import StopStrings
 from ..grading.final_answer import extract_answer, normalize_number
 from ..group import Completion, Example, Group
 from ..loops import run_coroutine
-from ..orchestrator.step_report import PROMPT_TEXT_CHARS
+from ..monitor.metrics import PROMPT_TEXT_CHARS
 from ..rewards import RewardedTask, build_scorer
 from ..rewards.service import RewardService
 from ..tasks import Task

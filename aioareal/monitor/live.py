@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-# The episodes' figures of a step row the dashboard shows (orchestrator/step_report.py `episode_figures`).
+# The episodes' figures of a step row the dashboard shows (metrics.py `episode_figures`).
 EPISODE_KEYS = ("turns_mean", "obs_tokens_mean", "tool_calls", "tool_errors", "tool_latency_mean", "episode_errors")
 
 

@@ -1,8 +1,8 @@
 """The async orchestrator: the prompt source, admission, oldest-first batching, the generator and trainer
 coroutines."""
+from ..monitor.metrics import StepReport
 from .admission import Admission, Ledger, OldestFirstBuffer, PromptSource
 from .loop import Hooks, Orchestrator, Schedule
-from .step_report import StepReport
 from .workers import EngineWorker, TrainerWorker
 
 __all__ = ["Admission", "EngineWorker", "Hooks", "Ledger", "OldestFirstBuffer", "Orchestrator", "PromptSource",

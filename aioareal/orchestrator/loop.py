@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from ..checkpoint import RunState
 from ..errors import UserError
 from ..group import Group
+from ..monitor.metrics import Clocks, StepReport, sample_rows, step_row
 from .admission import Admission, Ledger, OldestFirstBuffer, PromptSource
-from .step_report import Clocks, StepReport, sample_rows, step_row
 from .workers import GenerationWorker, TrainingWorker
 
 # drop_constant_groups gives up after this many batches' worth of rejected groups in a row: far
