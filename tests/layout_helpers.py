@@ -14,7 +14,7 @@ from aioareal.config import load_config
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.run.build import build_models, build_trainer
 from aioareal.trainer import train_step
-from aioareal.trainer.batching import MicroBatch, collate
+from aioareal.trainer.batching import Layout, Layouts, MicroBatch, collate
 from aioareal.trainer.logprobs import token_logprobs
 
 CPU = torch.device("cpu")
@@ -35,20 +35,20 @@ def rewarded_groups(batches: list[list[Sample]]) -> list[Group]:
 
 
 def layout_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, chunk: int = 2048,
-                    **layout: object) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies of `mb`'s rows, padded or in `layout` (share=, varlen= or tree=)."""
-    return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, chunk, **layout)
+                    layout: Layout = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies of `mb`'s rows, padded (None) or in `layout`."""
+    return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, temperature, chunk, layout)
 
 
-def assert_layout_equals_padded(model: torch.nn.Module, mb: MicroBatch, temperature: float = 0.7, chunk: int = 5,
-                                **layout: object) -> None:
-    """`mb`'s rows in `layout` (share=, varlen= or tree=) against the same rows padded: log-probs,
-    entropies, zeros off the loss mask, and the gradients of a randomly weighted sum of the log-probs."""
-    assert layout and None not in layout.values()  # a layout to compare, or the test compares padded with padded
+def assert_layout_equals_padded(model: torch.nn.Module, mb: MicroBatch, layout: Layout, temperature: float = 0.7,
+                                chunk: int = 5) -> None:
+    """`mb`'s rows in `layout` (a PromptShare, VarlenRows or PrefixTree) against the same rows padded:
+    log-probs, entropies, zeros off the loss mask, and the gradients of a randomly weighted sum of the log-probs."""
+    assert layout is not None  # a layout to compare, or the test compares padded with padded
     weights = torch.randn(mb.loss_mask.shape, generator=torch.Generator().manual_seed(0))
     results = []
-    for kw in ({}, layout):
-        logp, entropy = layout_logprobs(model, mb, temperature, chunk, **kw)
+    for taken in (None, layout):
+        logp, entropy = layout_logprobs(model, mb, temperature, chunk, taken)
         grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
         results.append((logp, entropy, grads))
     (ref, ref_entropy, ref_grads), (ours, entropy, grads) = results
@@ -60,12 +60,12 @@ def assert_layout_equals_padded(model: torch.nn.Module, mb: MicroBatch, temperat
 
 
 def assert_rows_independent(model: torch.nn.Module, batch: list[Sample], changed: list[Sample], row: int,
-                            **layout: object) -> None:
+                            layouts: Layouts) -> None:
     """Changing sample `row` (same lengths, other tokens) changes that sample's log-probs alone, in
-    the layout collate builds with `layout`: no token attends outside its own sequence."""
+    the layout collate builds with `layouts`: no token attends outside its own sequence."""
     with torch.no_grad():
-        mbs = [collate(b, 0, CPU, **layout) for b in (batch, changed)]
-        logps = [layout_logprobs(model, mb, share=mb.share, varlen=mb.varlen, tree=mb.tree)[0] for mb in mbs]
+        mbs = [collate(b, 0, CPU, layouts) for b in (batch, changed)]
+        logps = [layout_logprobs(model, mb, layout=mb.layout)[0] for mb in mbs]
     others = [i for i in range(len(batch)) if i != row]
     torch.testing.assert_close(logps[0][others], logps[1][others], rtol=0, atol=1e-6)
     assert not torch.allclose(logps[0][row], logps[1][row])

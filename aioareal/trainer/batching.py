@@ -43,8 +43,8 @@ from ..errors import UserError
 from ..group import Sample
 from ..models.attention import ATTENTION, varlen_kernel_available
 from ..models.lora import decoder
-from .planning import plan_for, taken_layout
-from .prefix_tree import PrefixTree, TreeSetting, build_tree, tree_to
+from .planning import PADDED, Layouts, plan_for, taken_layout
+from .prefix_tree import PrefixTree, build_tree, tree_to
 
 
 @dataclass
@@ -63,9 +63,10 @@ class MicroBatch:
     prox_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     filler: bool = False  # holds no sample: keeps this rank's micro-batch count equal to the others'
-    share: PromptShare | None = None  # the same rows with each prompt computed once (`PromptShare`, below)
-    varlen: VarlenRows | None = None  # the same rows back to back in one row, no padding (`VarlenRows`, below)
-    tree: PrefixTree | None = None  # the same rows with each distinct prefix computed once (prefix_tree.py)
+    # The same rows in the layout the log-probs are computed from, if any: each prompt computed once
+    # (`PromptShare`, below), back to back in one row (`VarlenRows`, below), or each distinct prefix
+    # computed once (prefix_tree.py). None: the padded rows themselves.
+    layout: Layout = None
     # The mini-batch's samples set aside (`set_aside`), carried by one of its micro-batches.
     aside_rows: int = 0
     aside_tokens: int = 0
@@ -77,11 +78,12 @@ class MicroBatch:
     @property
     def positions(self) -> int:
         """Token positions its forward computes in the layout it takes, padding included."""
-        if self.tree is not None:
-            return self.tree.positions
-        if self.share is not None:
-            return self.share.prompt_ids.numel() + self.share.input_ids.numel()
-        return self.real_tokens if self.varlen is not None else self.padded_tokens
+        layout = self.layout
+        if isinstance(layout, PrefixTree):
+            return layout.positions
+        if isinstance(layout, PromptShare):
+            return layout.prompt_ids.numel() + layout.input_ids.numel()
+        return self.real_tokens if isinstance(layout, VarlenRows) else self.padded_tokens
 
     @property
     def rows(self) -> int:
@@ -118,19 +120,16 @@ class MicroBatch:
                           prox_logp=pick(self.prox_logp), ref_logp=pick(self.ref_logp))
 
 
-def computed_positions(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False,
-                       varlen: bool = False) -> int:
+def computed_positions(samples: list[Sample], budget: int, layouts: Layouts = PADDED) -> int:
     """Token positions the forward computes for these samples, padding included, in the layouts
     `collate` takes: a step's cost follows this, not the real tokens."""
-    return sum(taken_layout([samples[i] for i in idx], share, varlen, tree)[1]
-               for idx in plan_for(samples, budget, share, tree))
+    return sum(taken_layout([samples[i] for i in idx], layouts)[1] for idx in plan_for(samples, budget, layouts))
 
 
-def collate(samples: list[Sample], pad_id: int, device: torch.device, share: bool = False,
-            varlen: bool = False, tree: TreeSetting = False) -> MicroBatch:
+def collate(samples: list[Sample], pad_id: int, device: torch.device, layouts: Layouts = PADDED) -> MicroBatch:
     """One micro-batch of these samples: the padded tensors (which the loss reads) and at most one
-    layout the log-probs are computed from: the prefix tree (`tree`: always, or "auto" where it pays),
-    else with `share` shared prompts, else with `varlen` one row."""
+    layout the log-probs are computed from: the prefix tree (`layouts.tree`: always, or "auto" where
+    it pays), else shared prompts (`share`), else one row (`varlen`)."""
     rows = [s.prompt_ids + s.tokens for s in samples]
     width = max(len(r) for r in rows)
     # Padded Python rows, then one tensor each: a per-row tensor copy costs more than the row.
@@ -150,15 +149,14 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device, share: boo
                              for s, b, a in zip(samples, before, after)], dtype=torch.float32).reshape(shape)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     put = dict(device=device, non_blocking=True)
-    planned, _ = taken_layout(samples, share, varlen, tree)
-    prefix_tree = build_tree(samples, pad_id, planned=planned) if planned is not None else None
+    planned, _ = taken_layout(samples, layouts)
+    layout = (tree_to(build_tree(samples, pad_id, planned=planned), device) if planned is not None
+              else share_to(build_share(samples, pad_id), device) if layouts.share
+              else varlen_to(build_varlen(samples), device) if layouts.varlen else None)
     return MicroBatch(ids.to(**put), attn.to(**put), mask.to(**put), behav.to(**put), versions.to(**put),
                       adv.to(**put), real_tokens=sum(len(r) for r in rows),
                       completion_tokens=sum(len(s.tokens) if m is None else sum(m) for s, m in zip(samples, models)),
-                      share=share_to(build_share(samples, pad_id), device) if share and not prefix_tree else None,
-                      varlen=(varlen_to(build_varlen(samples), device) if varlen and not share and not prefix_tree
-                              else None),
-                      tree=tree_to(prefix_tree, device) if prefix_tree else None)
+                      layout=layout)
 
 
 def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
@@ -169,9 +167,8 @@ def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
 
 
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
-         share: bool = False, varlen: bool = False, tree: TreeSetting = False) -> list[MicroBatch]:
-    return [collate([samples[i] for i in idx], pad_id, device, share, varlen, tree)
-            for idx in plan_for(samples, budget, share, tree)]
+         layouts: Layouts = PADDED) -> list[MicroBatch]:
+    return [collate([samples[i] for i in idx], pad_id, device, layouts) for idx in plan_for(samples, budget, layouts)]
 
 
 # -- zero_advantage ----------------------------------------------------------------------------------
@@ -328,3 +325,6 @@ def shared_hidden(model: PreTrainedModel, share: PromptShare) -> torch.Tensor:
     rest = decoder(model)(input_ids=share.input_ids, attention_mask=mask, position_ids=positions,
                            use_cache=True, **{cache_name: cache}).last_hidden_state  # (b, C, H)
     return torch.cat([last[:, None], rest], dim=1)
+
+
+Layout = PromptShare | VarlenRows | PrefixTree | None  # a micro-batch's `layout`: one of these, or padded

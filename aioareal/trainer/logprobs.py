@@ -36,7 +36,7 @@ from transformers import PreTrainedModel
 
 from ..generation.forward import logit_transform
 from ..models.lora import decoder
-from .batching import PromptShare, VarlenRows, shared_hidden
+from .batching import Layout, PromptShare, VarlenRows, shared_hidden
 from .prefix_tree import PrefixTree, tree_hidden
 
 # Logits up to this many elements (32 MB in fp32) are kept for the backward rather than recomputed:
@@ -101,19 +101,19 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module:
 
 def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    loss_mask: torch.Tensor, temperature: float = 1.0,
-                   chunk: int = 2048, share: PromptShare | None = None,
-                   varlen: VarlenRows | None = None,
-                   tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int = 2048, layout: Layout = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each target token input_ids[:, t+1] at masked positions: logp (b, L-1) and
-    entropy (b, L-1), zero off the mask. `share`, `varlen` or `tree`: the same rows in that layout
-    (batching.py's `PromptShare` and `VarlenRows`, prefix_tree.py)."""
-    if tree is not None:
+    entropy (b, L-1), zero off the mask. `layout`: the same rows in the layout a micro-batch took
+    (batching.py's `PromptShare` and `VarlenRows`, prefix_tree.py's `PrefixTree`), or None: padded."""
+    if isinstance(layout, PrefixTree):
+        tree = layout
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
         logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),
                                                   temperature, chunk)
         return _scatter(loss_mask, logp_pairs.index_select(0, tree.pair_index),
                         ent_pairs.index_select(0, tree.pair_index))
-    if varlen is not None:
+    if isinstance(layout, VarlenRows):
+        varlen = layout
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
@@ -121,7 +121,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
                                  **varlen.kwargs()).last_hidden_state
         selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
-    elif share is None:
+    elif not isinstance(layout, PromptShare):
         # No KV cache: a training forward never reads one back, and with compiled layers
         # (trainer/masters.py) each layer's cache entry would be a guard, one graph per layer.
         hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
@@ -129,8 +129,8 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
     else:  # row-major over the targets, the same order as loss_mask's
-        selected = shared_hidden(model, share)[share.target_mask]  # (n, H)
-        targets = share.targets[share.target_mask]
+        selected = shared_hidden(model, layout)[layout.target_mask]  # (n, H)
+        targets = layout.targets[layout.target_mask]
     return _scatter(loss_mask, *selected_logprobs(selected, targets, output_head(model), temperature, chunk))
 
 
@@ -152,9 +152,9 @@ class TokenLogprobs(torch.nn.Module):
         self.lm = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                temperature: float = 1.0, chunk: int = 2048, share: PromptShare | None = None,
-                varlen: VarlenRows | None = None, tree: PrefixTree | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, share, varlen, tree)
+                temperature: float = 1.0, chunk: int = 2048,
+                layout: Layout = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, attention_mask, loss_mask, temperature, chunk, layout)
 
 
 def fused_head_applies(head: nn.Module) -> bool:

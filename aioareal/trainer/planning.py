@@ -12,6 +12,20 @@ from ..group import Sample
 from .prefix_tree import Plan, TreeSetting, worthwhile_plan
 
 
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts a trainer's micro-batches may take, chosen once (trainer.py `_choose_layouts`):
+    shared prompts, one varlen row where prompts are not shared, and the prefix tree (never, "auto":
+    where it computes fewer positions, always). `collate` gives each micro-batch at most one."""
+
+    share: bool = False
+    varlen: bool = False
+    tree: TreeSetting = False
+
+
+PADDED = Layouts()  # padded rows alone
+
+
 def plan(lengths: list[int], budget: int) -> list[list[int]]:
     """Indices of each micro-batch: sorted by length, rows x max_len <= budget (or one row alone)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -113,21 +127,21 @@ def _fullest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[
 
 def _plan_cost(samples: list[Sample], batches: list[list[int]], tree: TreeSetting) -> int:
     """The positions these micro-batches compute in the layouts `collate` takes, plus their fixed costs."""
-    return sum(taken_layout([samples[i] for i in rows], True, False, tree)[1] + MICRO_BATCH_POSITIONS
-               for rows in batches)
+    layouts = Layouts(share=True, tree=tree)
+    return sum(taken_layout([samples[i] for i in rows], layouts)[1] + MICRO_BATCH_POSITIONS for rows in batches)
 
 
-def plan_for(samples: list[Sample], budget: int, share: bool, tree: TreeSetting = False) -> list[list[int]]:
-    """The micro-batches' indices for the layout in use: shared prompts kept together, or by length."""
-    if share:
-        return plan_shared(samples, budget, tree)
+def plan_for(samples: list[Sample], budget: int, layouts: Layouts = PADDED) -> list[list[int]]:
+    """The micro-batches' indices for these layouts: shared prompts kept together, or by length."""
+    if layouts.share:
+        return plan_shared(samples, budget, layouts.tree)
     return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
 
 
-def taken_layout(samples: list[Sample], share: bool, varlen: bool, tree: TreeSetting) -> tuple[Plan | None, int]:
+def taken_layout(samples: list[Sample], layouts: Layouts) -> tuple[Plan | None, int]:
     """The prefix tree's planned rows where `collate` takes it (else None), and the taken layout's positions."""
-    other = layout_positions(samples, share, varlen)
-    taken = worthwhile_plan(samples, other, always=tree is True) if tree else None
+    other = layout_positions(samples, layouts.share, layouts.varlen)
+    taken = worthwhile_plan(samples, other, always=layouts.tree is True) if layouts.tree else None
     return (taken[0], taken[1]) if taken else (None, other)
 
 

@@ -19,7 +19,7 @@ from ..errors import UserError
 from ..generation.family_forward import sliding_windows
 from ..group import Group
 from ..timing import PhaseTimer
-from .batching import MicroBatch, pack, set_aside, use_varlen
+from .batching import Layouts, MicroBatch, pack, set_aside, use_varlen
 from .logprobs import TokenLogprobs, token_logprobs
 from .masters import layers_compiled, working_copy
 from .objective import StepSums, Totals, micro_loss, read_back, step_figures
@@ -92,16 +92,18 @@ class Trainer:
         self.consecutive_skips = 0
 
     def _choose_layouts(self, model: PreTrainedModel, train: TrainConfig, collective: Collective) -> None:
-        """Which micro-batch layouts the log-probs may use (trainer/batching.py)."""
+        """`self.layouts`: which layouts the micro-batches' log-probs may use (planning.py `Layouts`),
+        chosen once; `collate` gives each micro-batch at most one of them (its `layout`)."""
         # Shared prompts are off under torchrun (FSDP2 would gather every layer twice per forward),
         # with gradient checkpointing (it drops the prompts' KV cache) and with compiled layers (a
         # recompile for the cache). The non-padded layouts' masks know no sliding window.
         checkpointed = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
         compiled = layers_compiled(model)
         windowed = bool(sliding_windows(model))
-        self.share_prompts = collective.size == 1 and not checkpointed and not compiled and not windowed
-        self.varlen = not self.share_prompts and not windowed and use_varlen(train.varlen, self.device, model)
-        self.prefix_tree = False if windowed else use_tree(train.prefix_tree, self.device, model, compiled)
+        share = collective.size == 1 and not checkpointed and not compiled and not windowed
+        self.layouts = Layouts(share=share,
+                               varlen=not share and not windowed and use_varlen(train.varlen, self.device, model),
+                               tree=False if windowed else use_tree(train.prefix_tree, self.device, model, compiled))
 
     def _autocast(self):
         if self.autocast_dtype is None or self.working is not None:
@@ -112,9 +114,9 @@ class Trainer:
         with self._autocast():
             if model is self.model:  # through the module: FSDP2 gathers the shards in its hooks
                 return self.policy(mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature,
-                                   self.logprob_chunk, mb.share, mb.varlen, mb.tree)
+                                   self.logprob_chunk, mb.layout)
             return token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask,
-                                  self.temperature, self.logprob_chunk, mb.share, mb.varlen, mb.tree)
+                                  self.temperature, self.logprob_chunk, mb.layout)
 
     def pack(self, groups: list[Group]) -> list[list[MicroBatch]]:
         """The batch's mini-batches (whole groups each), packed into micro-batches on the device."""
@@ -128,7 +130,7 @@ class Trainer:
         packed = []
         for part in parts:
             samples, aside = set_aside([s for g in part for s in g.samples], self.skip_zero_advantage)
-            mbs = pack(samples, budget, self.pad_id, self.device, self.share_prompts, self.varlen, self.prefix_tree)
+            mbs = pack(samples, budget, self.pad_id, self.device, self.layouts)
             mbs[0].aside_rows, mbs[0].aside_tokens = aside.rows, aside.completion_tokens
             packed.append(mbs)
         return self._even_out(packed)

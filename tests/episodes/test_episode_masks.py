@@ -18,13 +18,14 @@ from aioareal.config import load_config
 from aioareal.group import MODEL, OBS_VERSION, Completion, Example, Group, Sample
 from aioareal.models import random_model
 from aioareal.trainer import Trainer
-from aioareal.trainer.batching import build_share, build_varlen, collate
+from aioareal.trainer.batching import Layouts, PromptShare, VarlenRows, build_share, build_varlen, collate
 from aioareal.trainer.objective import StepSums
-from aioareal.trainer.prefix_tree import build_tree
+from aioareal.trainer.prefix_tree import PrefixTree, build_tree
 
 PROMPT = [4, 5, 6, 7]
-LAYOUTS = {"padded": dict(share=False, varlen=False, tree=False), "shared": dict(share=True, varlen=False, tree=False),
-           "varlen": dict(share=False, varlen=True, tree=False), "tree": dict(share=False, varlen=False, tree=True)}
+LAYOUTS = {"padded": Layouts(), "shared": Layouts(share=True), "varlen": Layouts(varlen=True),
+           "tree": Layouts(tree=True)}
+TAKEN = {"shared": PromptShare, "varlen": VarlenRows, "tree": PrefixTree}
 
 
 def hand_built() -> list[Sample]:
@@ -80,12 +81,9 @@ def test_property_every_layout_predicts_exactly_the_model_tokens_in_loss_mask_or
 @pytest.mark.parametrize("layout", ["shared", "varlen", "tree"])
 def test_each_layout_equals_the_padded_path_on_multi_turn_samples(layout):
     model = random_model("tiny", torch.float32, CPU, seed=2)
-    kw = LAYOUTS[layout]
-    mb = collate(hand_built(), 0, CPU, **kw)
-    found = {"share": mb.share, "varlen": mb.varlen, "tree": mb.tree}
-    key = {"shared": "share", "varlen": "varlen", "tree": "tree"}[layout]
-    assert found[key] is not None
-    assert_layout_equals_padded(model, mb, **{key: found[key]})
+    mb = collate(hand_built(), 0, CPU, LAYOUTS[layout])
+    assert isinstance(mb.layout, TAKEN[layout])
+    assert_layout_equals_padded(model, mb, mb.layout)
 
 
 def groups_for(model: torch.nn.Module) -> list[Group]:
@@ -138,8 +136,7 @@ def test_the_loss_and_its_gradient_equal_the_reference_in_every_layout(layout):
     expected = reference_loss(model, groups, config.algo.clip_eps_low, config.algo.kl_coef, ref)
     want = torch.autograd.grad(expected, list(model.parameters()))
     trainer = Trainer(model, config.algo, config.train, pad_id=0, ref_model=ref)
-    kw = LAYOUTS[layout]
-    trainer.share_prompts, trainer.varlen, trainer.prefix_tree = kw["share"], kw["varlen"], kw["tree"]
+    trainer.layouts = LAYOUTS[layout]
     (part,) = trainer.pack(groups)
     trainer.fill_fixed_logprobs([part])
     sums = StepSums()

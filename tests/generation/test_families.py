@@ -215,7 +215,7 @@ def test_the_trainers_logprobs_equal_the_models_own_forward(family):
     # Every sample computed: the groups carry no advantages, which would set them aside.
     config = load_config(overrides=["algo.batch_groups=2", "algo.group_size=2", "train.skip_zero_advantage=false"])
     trainer = Trainer(model, config.algo, config.train, pad_id=0)
-    assert trainer.share_prompts == (family not in WINDOWED)  # the windowed ones keep the padded batch
+    assert trainer.layouts.share == (family not in WINDOWED)  # the windowed ones keep the padded batch
     groups = shared_prompt_groups()
     reference = torch.cat([reference_logprobs(model, s.prompt_ids, s.completion.tokens)
                            for g in groups for s in g.samples])

@@ -90,16 +90,15 @@ def test_under_cpu_autocast_fp32_queries_take_the_16bit_key_limit(monkeypatch):
 @pytest.mark.parametrize("shared", [False, True])
 def test_models_load_with_it_and_log_probs_match_sdpa(shared):
     from aioareal.group import Completion, Sample
-    from aioareal.trainer.batching import pack
+    from aioareal.trainer.batching import Layouts, pack
 
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=3)
     assert model.config._attn_implementation == attention.ATTENTION
     samples = [Sample([4, 5, 6, 7][:p], Completion(list(range(20, 20 + n)), [0.0] * n, [0] * n), 1.0)
                for p, n in ((3, 5), (4, 2), (3, 6), (4, 1))]
-    mb = pack(samples, budget=10_000, pad_id=0, device=torch.device("cpu"), share=shared)[0]
-    share = mb.share if shared else None
-    ours = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, share=share)[0]
+    mb = pack(samples, budget=10_000, pad_id=0, device=torch.device("cpu"), layouts=Layouts(share=shared))[0]
+    ours = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, layout=mb.layout)[0]
     model.config._attn_implementation = "sdpa"
-    theirs = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, share=share)[0]
-    assert (mb.share is not None) == shared
+    theirs = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, layout=mb.layout)[0]
+    assert (mb.layout is not None) == shared
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioareal.group import Completion, Sample
-from aioareal.trainer.batching import computed_positions, pack
+from aioareal.trainer.batching import Layouts, computed_positions, pack
 from aioareal.trainer.planning import (
     MICRO_BATCH_POSITIONS,
     _fullest_cuts,
@@ -68,11 +68,11 @@ def test_a_group_computes_its_prompt_once_where_plan_would_scatter_it():
     prompts_computed = sum(len({samples[i].prompt_ids[0] for i in b}) for b in batches)
     by_length = plan([len(s.prompt_ids) + len(s.tokens) for s in samples], 1024)
     assert prompts_computed < sum(len({samples[i].prompt_ids[0] for i in b}) for b in by_length)
-    assert computed_positions(samples, 1024, share=True) < sum(
+    assert computed_positions(samples, 1024, Layouts(share=True)) < sum(
         layout_positions([samples[i] for i in b], True, False) for b in by_length)
     # The trainer's micro-batches are the plan's.
-    packed = pack(samples, 1024, 0, "cpu", share=True)
-    assert [mb.share.prompt_ids.shape[0] for mb in packed] == [len({samples[i].prompt_ids[0] for i in b})
+    packed = pack(samples, 1024, 0, "cpu", Layouts(share=True))
+    assert [mb.layout.prompt_ids.shape[0] for mb in packed] == [len({samples[i].prompt_ids[0] for i in b})
                                                               for b in batches]
 
 
@@ -80,7 +80,7 @@ def test_one_group_with_room_to_spare_is_one_micro_batch():
     samples = _samples([(0, 40, c) for c in (3, 9, 4, 12, 7, 5, 8, 6)])
     assert plan_shared(samples, 1024) == [[0, 2, 5, 7, 4, 6, 1, 3]]  # by completion length
     # Padded, the same budget holds them too, but computes the prompt 8 times.
-    assert computed_positions(samples, 1024, share=True) == 40 + 8 * 12
+    assert computed_positions(samples, 1024, Layouts(share=True)) == 40 + 8 * 12
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

@@ -20,9 +20,11 @@ from layout_helpers import (
 from aioareal.errors import UserError
 from aioareal.group import Sample
 from aioareal.models import random_model
-from aioareal.trainer.batching import collate, computed_positions
+from aioareal.trainer.batching import Layouts, PromptShare, collate, computed_positions
 from aioareal.trainer.logprobs import token_logprobs
-from aioareal.trainer.prefix_tree import build_tree, plan_rows, use_tree, worthwhile_plan
+from aioareal.trainer.prefix_tree import PrefixTree, build_tree, plan_rows, use_tree, worthwhile_plan
+
+ALWAYS, AUTO = Layouts(tree=True), Layouts(share=True, tree="auto")  # the tree always; where it pays, else shared
 
 
 def groups_like_the_default_run(rng: random.Random, n_groups: int, g: int = 8) -> list[Sample]:
@@ -95,7 +97,7 @@ def test_tree_log_probs_entropies_and_gradients_equal_the_padded_ones():
     mb = collate(samples, 0, CPU)
     tree = build_tree(samples, 0, row_len=16)  # several rows, and prompts split across them
     assert tree.input_ids.shape[0] > 1 and tree.positions < mb.input_ids.numel() / 2
-    assert_layout_equals_padded(model, mb, tree=tree)
+    assert_layout_equals_padded(model, mb, tree)
 
 
 def test_a_token_sees_only_its_own_prefix():
@@ -104,18 +106,18 @@ def test_a_token_sees_only_its_own_prefix():
     model = random_model("tiny", torch.float32, CPU, seed=4)
     base = [sample([4, 5, 6], [7, 8]), sample([4, 5, 9], [10, 11]), sample([4, 5, 6], [7, 12])]
     changed = [base[0], sample([4, 5, 9], [13, 14]), base[2]]
-    assert collate(base, 0, CPU, tree=True).tree.input_ids.shape[0] == 1  # all three in one row
-    assert_rows_independent(model, base, changed, 1, tree=True)
+    assert collate(base, 0, CPU, ALWAYS).layout.input_ids.shape[0] == 1  # all three in one row
+    assert_rows_independent(model, base, changed, 1, ALWAYS)
 
 
 def test_the_same_micro_batch_gives_bitwise_equal_gradients():
     """Sync runs replay exactly on resume: the gathers' backward must not add in a varying order."""
     model = random_model("tiny", torch.float32, CPU, seed=6)
     samples = groups_like_the_default_run(random.Random(7), 8)
-    mb = collate(samples, 0, CPU, tree=True)
+    mb = collate(samples, 0, CPU, ALWAYS)
     grads = []
     for _ in range(2):
-        logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, tree=mb.tree)
+        logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, layout=mb.layout)
         grads.append(torch.autograd.grad(logp.sum(), list(model.parameters())))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
@@ -123,17 +125,15 @@ def test_the_same_micro_batch_gives_bitwise_equal_gradients():
 def test_auto_takes_the_tree_only_where_it_computes_few_enough_positions():
     rng = random.Random(8)
     alike = groups_like_the_default_run(rng, 8)
-    assert collate(alike, 0, CPU, share=True, tree="auto").tree is not None
-    assert collate(alike, 0, CPU, share=True, tree="auto").share is None  # one layout at a time
+    assert isinstance(collate(alike, 0, CPU, AUTO).layout, PrefixTree)  # one layout at a time: not also shared
     # Long distinct completions: the tree cannot beat the shared prompts (rows hold one sequence).
     prompt = [rng.randrange(3, 60) for _ in range(40)]
     distinct = [sample(prompt, [rng.randrange(3, 60) for _ in range(50)]) for _ in range(8)]
-    mb = collate(distinct, 0, CPU, share=True, tree="auto")
-    assert mb.tree is None and mb.share is not None
-    assert collate(distinct, 0, CPU, share=True, tree=True).tree is not None  # true: always
+    assert isinstance(collate(distinct, 0, CPU, AUTO).layout, PromptShare)
+    assert isinstance(collate(distinct, 0, CPU, Layouts(share=True, tree=True)).layout, PrefixTree)  # true: always
     # computed_positions counts what collate computes.
-    assert computed_positions(alike, 10_000, share=True, tree="auto") == build_tree(alike, 0).positions
-    assert computed_positions(distinct, 10_000, share=True, tree="auto") == computed_positions(distinct, 10_000, True)
+    assert computed_positions(alike, 10_000, AUTO) == build_tree(alike, 0).positions
+    assert computed_positions(distinct, 10_000, AUTO) == computed_positions(distinct, 10_000, Layouts(share=True))
 
 
 def test_auto_builds_no_mask_for_a_tree_it_does_not_take(monkeypatch):
@@ -148,7 +148,7 @@ def test_auto_builds_no_mask_for_a_tree_it_does_not_take(monkeypatch):
     rng = random.Random(10)
     prompt = [rng.randrange(3, 60) for _ in range(64)]
     distinct = [sample(prompt, [rng.randrange(3, 60) for _ in range(64)]) for _ in range(16)]
-    assert collate(distinct, 0, CPU, share=True, tree="auto").tree is None
+    assert not isinstance(collate(distinct, 0, CPU, AUTO).layout, PrefixTree)
 
 
 @pytest.mark.parametrize("objective", ["ppo", "decoupled"])
@@ -159,7 +159,7 @@ def test_a_training_step_on_the_tree_equals_the_shared_prompt_one(objective):
         groups = rewarded_groups([samples[4 * g:4 * g + 4] for g in range(4)])
         steps[tree] = train_one_step([f"train.prefix_tree={str(tree).lower()}", f"algo.objective={objective}",
                                       "algo.kl_coef=0.05"], groups)
-        assert all((mb.tree is not None) == tree for mb in steps[tree][2])
+        assert all(isinstance(mb.layout, PrefixTree) == tree for mb in steps[tree][2])
     assert_same_step(steps[True], steps[False], ("loss", "grad_norm", "entropy", "kl"))
 
 
@@ -184,8 +184,8 @@ def test_tree_on_cuda_in_bf16_matches_the_padded_path():
     cuda = torch.device("cuda")
     model = random_model("tiny", torch.float32, cuda, seed=3)
     samples = groups_like_the_default_run(random.Random(5), 8)
-    mb = collate(samples, 0, cuda, tree=True)
+    mb = collate(samples, 0, cuda, ALWAYS)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         padded = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)[0].float()
-        ours = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, tree=mb.tree)[0].float()
+        ours = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, layout=mb.layout)[0].float()
     torch.testing.assert_close(ours, padded, atol=5e-2, rtol=2e-2)

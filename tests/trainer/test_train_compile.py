@@ -4,6 +4,7 @@ the "aot_eager" backend: the same graphs as inductor's, without generating kerne
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -41,8 +42,8 @@ def trainers() -> tuple[Trainer, Trainer]:
     compiled_model = copy.deepcopy(model)
     assert compile_layers(compiled_model, backend="aot_eager") == 4
     compiled = Trainer(compiled_model, config.algo, config.train, pad_id=0)
-    assert eager.share_prompts and not compiled.share_prompts  # the prompts' cache would recompile each layer
-    eager.share_prompts = eager.prefix_tree = False
+    assert eager.layouts.share and not compiled.layouts.share  # the prompts' cache would recompile each layer
+    eager.layouts = dataclasses.replace(eager.layouts, share=False, tree=False)
     return eager, compiled
 
 
@@ -96,7 +97,7 @@ def test_a_compiled_lora_step_equals_the_eager_one():
             compile_layers(models.train, backend="aot_eager")
         trainers.append(Trainer(models.train, config.algo, config.train, pad_id=0, ref_model=models.ref))
     eager, compiled = trainers
-    eager.share_prompts = eager.prefix_tree = False
+    eager.layouts = dataclasses.replace(eager.layouts, share=False, tree=False)
     for seed in range(2):
         groups = batch(seed, 4, (3, 8), (2, 16))
         a, b = train_step(eager, copy.deepcopy(groups)), train_step(compiled, copy.deepcopy(groups))

@@ -12,7 +12,7 @@ from aioareal.config import load_config
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.batching import collate, pack
+from aioareal.trainer.batching import Layouts, PromptShare, collate, pack
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
 from aioareal.trainer.planning import plan
@@ -72,10 +72,11 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_padded_path():
     a, b = [4, 5, 6, 7, 8], [9, 10]
     samples = [_sample(a, [20, 21, 22]), _sample(b, [23]), _sample(a, [24, 25, 26, 27, 28]),
                _sample(b, [29, 30]), _sample(a, [31])]
-    mb = collate(samples, pad_id=0, device=torch.device("cpu"), share=True)
-    assert mb.share is not None and mb.share.prompt_ids.shape == (2, 5) and mb.share.input_ids.shape == (5, 4)
-    assert_layout_equals_padded(model, mb, chunk=3, share=mb.share)
-    assert all(h.share is None for h in mb.halves())  # after an OOM the halves take the padded path
+    mb = collate(samples, pad_id=0, device=torch.device("cpu"), layouts=Layouts(share=True))
+    share = mb.layout
+    assert isinstance(share, PromptShare) and share.prompt_ids.shape == (2, 5) and share.input_ids.shape == (5, 4)
+    assert_layout_equals_padded(model, mb, share, chunk=3)
+    assert all(h.layout is None for h in mb.halves())  # after an OOM the halves take the padded path
 
 
 def test_loglinear_prox_is_exact_at_both_ends():
@@ -264,7 +265,7 @@ def test_computed_positions_count_padding_and_shared_prompts_once():
     samples = [_sample(a, [1] * 2), _sample(a, [1] * 5), _sample(b, [1] * 3)]
     # One micro-batch (budget 100): 3 rows x the longest row (3 + 5) padded; shared: prompts 2 x 3
     # wide, then 3 completions x 5 wide.
-    assert computed_positions(samples, 100, share=False) == 3 * 8
-    assert computed_positions(samples, 100, share=True) == 2 * 3 + 3 * 5
+    assert computed_positions(samples, 100) == 3 * 8
+    assert computed_positions(samples, 100, Layouts(share=True)) == 2 * 3 + 3 * 5
     # Budget 10: plan() cuts [5, 5] | [8]: 2 x 5 + 1 x 8 padded.
-    assert computed_positions(samples, 10, share=False) == 2 * 5 + 8
+    assert computed_positions(samples, 10) == 2 * 5 + 8

@@ -23,7 +23,7 @@ from aioareal.errors import UserError
 from aioareal.group import Sample
 from aioareal.models import random_model
 from aioareal.models.attention import block_causal_mask, packed_attention
-from aioareal.trainer.batching import build_varlen, collate, use_varlen
+from aioareal.trainer.batching import Layouts, VarlenRows, build_varlen, collate, use_varlen
 
 
 def samples_from(rng: random.Random, n: int, long: int = 20) -> list[Sample]:
@@ -65,8 +65,9 @@ def test_packed_attention_on_the_cpu_equals_the_block_mask_sdpa():
 
 def test_one_row_log_probs_and_gradients_equal_the_padded_ones():
     model = random_model("tiny", torch.float32, torch.device("cpu"))
-    mb = collate(samples_from(random.Random(1), 7), 0, torch.device("cpu"), varlen=True)
-    assert_layout_equals_padded(model, mb, varlen=mb.varlen)
+    mb = collate(samples_from(random.Random(1), 7), 0, torch.device("cpu"), Layouts(varlen=True))
+    assert isinstance(mb.layout, VarlenRows)
+    assert_layout_equals_padded(model, mb, mb.layout)
 
 
 def test_no_token_attends_across_a_sequence_boundary():
@@ -74,7 +75,7 @@ def test_no_token_attends_across_a_sequence_boundary():
     samples = samples_from(random.Random(2), 4)
     changed = copy.deepcopy(samples)
     changed[1] = sample([7] * len(samples[1].prompt_ids), [9] * len(samples[1].tokens))  # same length, other tokens
-    assert_rows_independent(model, samples, changed, 1, varlen=True)
+    assert_rows_independent(model, samples, changed, 1, Layouts(varlen=True))
 
 
 def test_a_training_step_in_one_rows_equals_the_padded_one():
@@ -85,7 +86,7 @@ def test_a_training_step_in_one_rows_equals_the_padded_one():
         steps[varlen] = train_one_step(["model.gradient_checkpointing=true", f"train.varlen={str(varlen).lower()}",
                                         "train.prefix_tree=false"], groups)
         packed = steps[varlen][2]
-        assert all(mb.share is None and (mb.varlen is not None) == varlen for mb in packed)
+        assert all(isinstance(mb.layout, VarlenRows) if varlen else mb.layout is None for mb in packed)
     assert_same_step(steps[True], steps[False], ("loss", "grad_norm"))
 
 

@@ -84,8 +84,7 @@ async def train_point(trainer: TrainerWorker, groups: list[Group]) -> tuple[int,
     """(token positions the trainer computes, seconds of the step without the publish, seconds of
     the publish); positions as batching.computed_positions counts them."""
     t = trainer.trainer
-    tokens = computed_positions([s for g in groups for s in g.samples], t.micro_batch_tokens, t.share_prompts,
-                                t.prefix_tree, t.varlen)
+    tokens = computed_positions([s for g in groups for s in g.samples], t.micro_batch_tokens, t.layouts)
     start = time.perf_counter()
     metrics = await trainer.train(groups)
     seconds = time.perf_counter() - start

@@ -182,7 +182,6 @@ def trained_positions(trainer: Trainer, groups: list[Group]) -> tuple[int, int]:
     prefix tree, padding included), every PPO epoch; the head runs on completion positions only."""
     per = math.ceil(len(groups) / trainer.algo.minibatches) or 1
     parts = [[s for g in groups[i:i + per] for s in g.samples] for i in range(0, len(groups), per)]
-    computed = sum(computed_positions(p, trainer.micro_batch_tokens, trainer.share_prompts, trainer.prefix_tree,
-                                      trainer.varlen) for p in parts)
+    computed = sum(computed_positions(p, trainer.micro_batch_tokens, trainer.layouts) for p in parts)
     head = sum(len(s.tokens) for g in groups for s in g.samples)
     return trainer.algo.ppo_epochs * computed, trainer.algo.ppo_epochs * head

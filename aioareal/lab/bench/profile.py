@@ -102,7 +102,7 @@ async def measure(args: argparse.Namespace, gen: Any, trainer: Any, max_len: int
                               PROFILE_NEW_TOKENS, CONTENTION_ROUNDS, vocab, args.seed)
     reward = await reward_seconds(size, 8)
     return {"engine": engine, "train": train, "train_budget": trainer.trainer.micro_batch_tokens,
-            "train_share": trainer.trainer.share_prompts, "publish": median(publish), "adopt": adopt,
+            "train_share": trainer.trainer.layouts.share, "publish": median(publish), "adopt": adopt,
             "contention": shared, "reward": reward}
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from ...group import Completion, Sample
 from ...trainer.batching import MicroBatch, collate
 from ...trainer.logprobs import token_logprobs
-from ...trainer.planning import plan_for
+from ...trainer.planning import Layouts, plan_for
 from ..simulate.lengths import gsm8k_like_length
 from .harness import alternate, build_model, environment, median_seconds, model_label, pick_device, ratio
 
@@ -50,8 +50,7 @@ def train_pass(model: nn.Module, mbs: list[MicroBatch], chunk: int) -> None:
     """Forward + backward of every micro-batch in its own layout (a token-mean loss), as the trainer does."""
     tokens = sum(mb.completion_tokens for mb in mbs)
     for mb in mbs:
-        logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, 1.0, chunk, mb.share,
-                                 mb.varlen, mb.tree)
+        logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, 1.0, chunk, mb.layout)
         (-(logp * mb.advantages[:, None]).sum() / tokens).backward()
     model.zero_grad(set_to_none=True)
 
@@ -65,10 +64,10 @@ def run_layouts(args: argparse.Namespace) -> dict[str, Any]:
                                 args.max_len, vocab, args.seed)
     # Each layout on the micro-batches the trainer cuts for it: by length when padded, a group's rows
     # together when prompts are shared (batching.plan_for).
-    options = {"padded": {}, "shared": {"share": True}, "tree": {"share": True, "tree": True}}
-    batches = {name: [collate([samples[i] for i in idx], pad, device, **kw)
-                      for idx in plan_for(samples, args.budget, bool(kw), kw.get("tree", False))]
-               for name, kw in options.items()}
+    options = {"padded": Layouts(), "shared": Layouts(share=True), "tree": Layouts(share=True, tree=True)}
+    batches = {name: [collate([samples[i] for i in idx], pad, device, layouts)
+                      for idx in plan_for(samples, args.budget, layouts)]
+               for name, layouts in options.items()}
     print(f"bench train --layouts: {model_label(args.model)} on {device}, {groups} groups x {args.group_size}, "
           f"{args.prompt_len}-token prompts, completions mean {args.mean_len:g} cap {args.max_len}, "
           f"{args.answers or 'all'} distinct per group; micro-batches "

@@ -27,7 +27,7 @@ import numpy as np
 
 from ...errors import UserError
 from ...group import Sample
-from ...trainer.batching import computed_positions
+from ...trainer.batching import Layouts, computed_positions
 
 FORMAT = "aioareal-profile/1"
 
@@ -107,7 +107,7 @@ class TrainCost:
     def count(self, samples: list[Sample]) -> int:
         """The samples' size in this cost's unit."""
         if self.unit == "positions":
-            return computed_positions(samples, self.budget, self.share)
+            return computed_positions(samples, self.budget, Layouts(share=self.share))
         return sum(len(s.prompt_ids) + len(s.tokens) for s in samples)
 
     @classmethod

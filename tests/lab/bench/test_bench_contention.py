@@ -9,6 +9,7 @@ import pytest
 
 from aioareal.lab.bench import measure
 from aioareal.lab.simulate.virtualclock import run_virtual
+from aioareal.trainer.batching import Layouts
 
 DECODE, PREFILL, TRAIN = 1.0, 7.0, 40.0  # virtual seconds: a decode step, a prompt's prefill, a train step
 
@@ -18,8 +19,7 @@ class FakeTrainer:
 
     def __init__(self) -> None:
         self.training = False
-        self.trainer = type("T", (), {"micro_batch_tokens": 1024, "share_prompts": False, "prefix_tree": False,
-                                      "varlen": False})()
+        self.trainer = type("T", (), {"micro_batch_tokens": 1024, "layouts": Layouts()})()
 
     async def train(self, groups: list) -> dict[str, float]:
         self.training = True
