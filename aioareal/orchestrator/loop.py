@@ -52,7 +52,8 @@ class Orchestrator:
                  score: GroupScorer, hooks: Hooks, resume: RunState | None = None,
                  score_counters: Callable[[], dict[str, int]] = dict) -> None:
         """`resume`: the checkpoint's counters; `score_counters`: the scorer's running counts per row."""
-        self.s, self.gen, self.train, self.prompts, self.score, self.hooks = schedule, gen, train, prompts, score, hooks
+        self.schedule, self.gen, self.train = schedule, gen, train
+        self.prompts, self.score, self.hooks = prompts, score, hooks
         self.score_counters = score_counters
         self.start_version = resume.step if resume else 0
         self.admission = Admission(schedule.batch_groups, schedule.max_staleness)
@@ -149,27 +150,27 @@ class Orchestrator:
     def _still_needed(self) -> int:
         """Groups the remaining steps will consume beyond those already admitted and kept."""
         kept = self.ledger.admitted - self.ledger.rejected - self.ledger.dropped_stale
-        return self.s.steps * self.s.batch_groups - kept  # the ledger counts from the run's first step
+        return self.schedule.steps * self.schedule.batch_groups - kept  # the ledger counts from the run's first step
 
     def _admit(self) -> None:
         if self.stop_requested and not self._trainer_waiting:
             # New groups would only delay the exit (and draw from the sampling RNG after the checkpoint).
             return
-        version, s = self.train.version, self.s
+        version, schedule = self.train.version, self.schedule
         room = min(self.admission.capacity(version), self._still_needed())
-        if s.mode == "async":
-            while room > 0 and self.gen.free_slots() >= s.group_size:
+        if schedule.mode == "async":
+            while room > 0 and self.gen.free_slots() >= schedule.group_size:
                 self._submit(version)
                 room -= 1
         elif not self.gen.busy and room > 0:
             # Whole batches; after drop_constant_groups rejected some, only the replacements (room < B).
-            for _ in range(min(room, s.batch_groups)):
+            for _ in range(min(room, schedule.batch_groups)):
                 self._submit(version)
 
     def _submit(self, version: int) -> None:
         cursor = self.prompts.cursor
         example, prompt_ids = self.prompts.next()
-        group = Group(self.next_group_id, prompt_ids, self.s.group_size, example, version, self.now(), cursor)
+        group = Group(self.next_group_id, prompt_ids, self.schedule.group_size, example, version, self.now(), cursor)
         self.untrained[group.group_id] = cursor
         self.next_group_id += 1
         self.admission.admit()
@@ -186,7 +187,7 @@ class Orchestrator:
                 await self._wake.wait()
                 continue
             # sync/one-step adopt new weights only between batches; async between any two steps.
-            adopt = self.s.mode == "async" or self.gen.in_flight == 0
+            adopt = self.schedule.mode == "async" or self.gen.in_flight == 0
             results = await self._timed("gen", self.gen.step(adopt))
             for group in results:
                 task = asyncio.create_task(self._finish(group))
@@ -205,9 +206,9 @@ class Orchestrator:
         self.score_seconds += self.now() - group.finished_at
         group.set_rewards(rewards, failures)
         self.reward_failures += failures
-        kept = not (self.s.drop_constant_groups and len(set(rewards)) == 1)
+        kept = not (self.schedule.drop_constant_groups and len(set(rewards)) == 1)
         self.rejected_in_a_row = 0 if kept else self.rejected_in_a_row + 1
-        if self.rejected_in_a_row > REJECT_LIMIT * self.s.batch_groups:
+        if self.rejected_in_a_row > REJECT_LIMIT * self.schedule.batch_groups:
             raise UserError(f"algo.drop_constant_groups rejected {self.rejected_in_a_row} groups in a row: every "
                             "group's rewards are equal (the policy solves all of its prompts or none); turn the "
                             "filter off, or start from a policy that solves some")
@@ -226,14 +227,14 @@ class Orchestrator:
         batch: list[Group] = []
         dropped = 0
         version = self.train.version
-        while len(batch) < self.s.batch_groups:
+        while len(batch) < self.schedule.batch_groups:
             self._trainer_waiting = True
             try:
-                taken = await self.buffer.take(self.s.batch_groups - len(batch))
+                taken = await self.buffer.take(self.schedule.batch_groups - len(batch))
             finally:
                 self._trainer_waiting = False
             for group in taken:
-                if group.staleness(version) > self.s.max_staleness:
+                if group.staleness(version) > self.schedule.max_staleness:
                     dropped += 1
                     self.untrained.pop(group.group_id, None)
                     self.admission.drop_accepted()
@@ -245,28 +246,28 @@ class Orchestrator:
 
     async def _train(self) -> None:
         before = self.clocks()
-        while self.train.version < self.s.steps and not self.stop_requested:
+        while self.train.version < self.schedule.steps and not self.stop_requested:
             groups, dropped = await self._next_batch()
             trained_version = self.train.version
             started = self.now()
             metrics = await self._timed("train", self.train.train(groups))
             train_seconds = self.now() - started
-            if self.s.mode != "sync":
+            if self.schedule.mode != "sync":
                 self._wake.set()  # sync waits for this step's checkpoint, so a resume replays exactly
             self.ledger.trained += len(groups)
             for group in groups:
                 self.untrained.pop(group.group_id, None)
             step = self.train.version
-            if self.s.eval_every and step % self.s.eval_every == 0 or step == self.s.steps:
+            if self.schedule.eval_every and step % self.schedule.eval_every == 0 or step == self.schedule.steps:
                 metrics.update(await self._timed("train", self.train.evaluate()))
             now = self.clocks()
             row = step_row(step, trained_version, groups, metrics, train_seconds, before, now,
                            self._counters(dropped))
             before = now
-            samples = sample_rows(step, trained_version, groups, now.time, self.s.sample_text_chars)
+            samples = sample_rows(step, trained_version, groups, now.time, self.schedule.sample_text_chars)
             await self._report(StepReport(step, row, samples, groups, self.state(step)))
             self._wake.set()
-        if self.stop_requested and self.train.version < self.s.steps:
+        if self.stop_requested and self.train.version < self.schedule.steps:
             await self.hooks.on_stop(self.state(self.train.version))
 
     def _counters(self, dropped: int) -> dict[str, Any]:
