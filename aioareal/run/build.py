@@ -138,15 +138,16 @@ def build_models(config: Config, start: str, resume_from: Path | None, gen_devic
     if config.model.lora_rank:
         return build_lora_models(config, start, resume_from, gen_device, train_device)
     policy = str(resume_from / POLICY_DIR) if resume_from else start
-    trust, pickle = config.model.trust_remote_code, config.model.allow_pickle
-    gen = load_model(policy, resolve_dtype(config.model.dtype, gen_device), gen_device, trust, allow_pickle=pickle)
-    train = load_model(policy, torch.float32, train_device, trust, allow_pickle=pickle)
+    trust, allow_pickle = config.model.trust_remote_code, config.model.allow_pickle
+    gen_dtype = resolve_dtype(config.model.dtype, gen_device)
+    gen = load_model(policy, gen_dtype, gen_device, trust, allow_pickle=allow_pickle)
+    train = load_model(policy, torch.float32, train_device, trust, allow_pickle=allow_pickle)
     if config.model.gradient_checkpointing:
         checkpoint_activations(train)
     compute_dtype = resolve_dtype(config.model.train_dtype, train_device)
     ref = None
     if config.algo.kl_coef > 0:  # coefficient 0 keeps no reference model at all
-        source = (load_model(start, compute_dtype, train_device, trust, allow_pickle=pickle) if resume_from
+        source = (load_model(start, compute_dtype, train_device, trust, allow_pickle=allow_pickle) if resume_from
                   else copy.deepcopy(train))
         ref = source.to(compute_dtype).eval().requires_grad_(False)
     return Models(gen, train, ref, compute_dtype)
