@@ -25,8 +25,8 @@ from .final_answer import MAX_CHARS, find_answer, normalize_number
 from .numbers import Reading, read_span
 
 # A reward worker imports math-verify (sympy: seconds) before its first job, not during one.
-SYMBOLIC_MODULE = "math_verify"
-SYMBOLIC = f"{__name__}:equivalent"
+SYMBOLIC_PRELOAD = "math_verify"
+SYMBOLIC = f"{__name__}:equivalent"  # the job a deferred check runs in a worker
 TOLERANCE = Fraction(1, 10**6)  # agree to 6 decimal places (math-verify's float_rounding=6)
 MAX_REFERENCE_CHARS = MAX_CHARS  # a bare reference answer longer than what is read of a completion is not one
 
@@ -136,7 +136,7 @@ def grade_now(golds: list[str], completions: list[str], timeout_s: float = 5.0) 
         for i in deferred:
             results[i] = float(_squash(results[i].args[0]) == _squash(results[i].args[1]))
     elif deferred:
-        pool = shared_pool(preload=(SYMBOLIC_MODULE,))
+        pool = shared_pool(preload=(SYMBOLIC_PRELOAD,))
         futures = {i: pool.submit(results[i].fn, results[i].args, timeout_s) for i in deferred}
         for i, future in futures.items():
             outcome = future.result()

@@ -372,9 +372,9 @@ def build_scorer(reward: RewardConfig, task: Task, tally: bool = True) -> BatchS
         return WeightedRewards(load_reward_functions(r.functions), r.weights, tally)
     grade = getattr(task, "grade", None)
     if grade is not None:
-        from ..grading.verify import SYMBOLIC_MODULE
+        from ..grading.verify import SYMBOLIC_PRELOAD
 
-        return GradedScorer(grade, (SYMBOLIC_MODULE,))
+        return GradedScorer(grade, (SYMBOLIC_PRELOAD,))
     return per_item(task.score)
 
 

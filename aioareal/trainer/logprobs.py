@@ -106,31 +106,29 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     entropy (b, L-1), zero off the mask. `layout`: the same rows in the layout a micro-batch took
     (batching.py's `PromptShare` and `VarlenRows`, prefix_tree.py's `PrefixTree`), or None: padded."""
     if isinstance(layout, PrefixTree):
-        tree = layout
         # One log-prob per distinct (prefix, token) pair, then one per completion token.
-        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, tree), tree.pair_target, output_head(model),
+        logp_pairs, ent_pairs = selected_logprobs(tree_hidden(model, layout), layout.pair_target, output_head(model),
                                                   temperature, chunk)
-        return _scatter(loss_mask, logp_pairs.index_select(0, tree.pair_index),
-                        ent_pairs.index_select(0, tree.pair_index))
+        return _scatter(loss_mask, logp_pairs.index_select(0, layout.pair_index),
+                        ent_pairs.index_select(0, layout.pair_index))
     if isinstance(layout, VarlenRows):
-        varlen = layout
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
         # the attention would ignore (models/attention.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
-        hidden = decoder(model)(input_ids=varlen.input_ids, attention_mask=none, use_cache=False,
-                                 **varlen.kwargs()).last_hidden_state
-        selected = hidden[0].index_select(0, varlen.target_index)  # (n, H), loss_mask's order
+        hidden = decoder(model)(input_ids=layout.input_ids, attention_mask=none, use_cache=False,
+                                 **layout.kwargs()).last_hidden_state
+        selected = hidden[0].index_select(0, layout.target_index)  # (n, H), loss_mask's order
         targets = input_ids[:, 1:][loss_mask]
-    elif not isinstance(layout, PromptShare):
+    elif isinstance(layout, PromptShare):  # row-major over the targets, the same order as loss_mask's
+        selected = shared_hidden(model, layout)[layout.target_mask]  # (n, H)
+        targets = layout.targets[layout.target_mask]
+    else:
         # No KV cache: a training forward never reads one back, and with compiled layers
         # (trainer/masters.py) each layer's cache entry would be a guard, one graph per layer.
         hidden = decoder(model)(input_ids=input_ids, attention_mask=attention_mask,
                                  use_cache=False).last_hidden_state  # (b, L, H)
         selected = hidden[:, :-1][loss_mask]  # (n, H): only positions that predict a completion token
         targets = input_ids[:, 1:][loss_mask]
-    else:  # row-major over the targets, the same order as loss_mask's
-        selected = shared_hidden(model, layout)[layout.target_mask]  # (n, H)
-        targets = layout.targets[layout.target_mask]
     return _scatter(loss_mask, *selected_logprobs(selected, targets, output_head(model), temperature, chunk))
 
 

@@ -139,7 +139,7 @@ def test_math_equal_from_worker_threads() -> None:
 
 def warm_pool() -> None:
     """The process-wide worker pool started, with sympy imported, so start-up is not timed."""
-    shared_pool(preload=(verify_mod.SYMBOLIC_MODULE,)).wait_ready()
+    shared_pool(preload=(verify_mod.SYMBOLIC_PRELOAD,)).wait_ready()
     assert math_equal("#### 18", "\\boxed{2 \\cdot 9}") == 1.0
 
 

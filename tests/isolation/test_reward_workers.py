@@ -19,7 +19,7 @@ from loop_gaps import with_longest_gap
 
 from aioareal.cli import main
 from aioareal.config import load_config
-from aioareal.grading.verify import SYMBOLIC_MODULE, grade
+from aioareal.grading.verify import SYMBOLIC_PRELOAD, grade
 from aioareal.group import Example
 from aioareal.isolation.pool import WorkerPool
 from aioareal.rewards import build_scorer
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def pool():
-    pool = WorkerPool(2, preload=(SYMBOLIC_MODULE,))
+    pool = WorkerPool(2, preload=(SYMBOLIC_PRELOAD,))
     assert pool.wait_ready(60)
     yield pool
     pids = pool.pids()
@@ -111,7 +111,7 @@ def _pathological() -> dict[str, str]:
 def test_pathological_completions_return_in_time_while_the_loop_ticks(pool: WorkerPool) -> None:
     timeout = 2.0
     texts = list(_pathological().values()) + ["So she makes \\boxed{18}."]
-    scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))
+    scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_PRELOAD,))
     service = RewardService(scorer, decode=lambda ids: texts[ids[0]], workers=2, timeout_s=timeout, pool=pool)
     good = len(texts) - 1
 

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ...grading.verify import SYMBOLIC_MODULE
+    from ...grading.verify import SYMBOLIC_PRELOAD
     from ...isolation.pool import WorkerPool
     from .run_completions import run_from
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return run_from(args.from_run, args.completion_field, args.answer_field)
     cases = _cases_or_note(args)
     golds, texts = completions(_rows(args.data), args.completions)
-    pool = WorkerPool(args.workers, preload=("aioareal.grading.verify", SYMBOLIC_MODULE))
+    pool = WorkerPool(args.workers, preload=("aioareal.grading.verify", SYMBOLIC_PRELOAD))
     try:
         if not pool.wait_ready(120):
             raise UserError("reward worker processes did not start (see the errors above)")
@@ -152,11 +152,11 @@ def _sharded(pool: Any, golds: list[str], texts: list[str], chunk: int) -> None:
 
 def _service(pool: Any, golds: list[str], texts: list[str], group: int, workers: int) -> None:
     """Through `RewardService.score`, one call per group of completions, all groups submitted at once."""
-    from ...grading.verify import SYMBOLIC_MODULE, grade
+    from ...grading.verify import SYMBOLIC_PRELOAD, grade
     from ...group import Example
     from ...rewards.service import GradedScorer, RewardService
 
-    scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_MODULE,))
+    scorer = GradedScorer(lambda text, example: grade(example.answer, text), (SYMBOLIC_PRELOAD,))
     service = RewardService(scorer, decode=lambda ids: texts[ids[0]], workers=workers, timeout_s=30.0, pool=pool)
     examples = [Example(str(i), "", g) for i, g in enumerate(golds)]
 
