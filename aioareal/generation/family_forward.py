@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..models.attention import short_attention
+from ..models.attention import matmul_attention_pays, short_attention
 from .forward import (
     _HAS_GQA,
     FastForward,
@@ -38,7 +38,6 @@ from .forward import (
     check_supported,
     fuse,
     logit_transform,
-    matmul_attention_pays,
     prefill_positions,
 )
 from .prefix import PrefixLayout

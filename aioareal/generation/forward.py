@@ -40,17 +40,11 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from ..errors import UserError
-from ..models.attention import short_attention
+from ..models.attention import matmul_attention_pays, short_attention
 from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 _HAS_RMS_NORM = hasattr(F, "rms_norm")
-
-
-def matmul_attention_pays(q: torch.Tensor) -> bool:
-    """Attention as `short_attention`'s matmuls rather than SDPA: on the CPU in 16-bit, where torch's
-    flash kernel is several times slower; in fp32 SDPA wins (docs/log/2026-11-avx512-cpu.md)."""
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def check_supported(config, max_len: int) -> None:

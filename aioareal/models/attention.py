@@ -34,6 +34,12 @@ def short_keys(dtype: torch.dtype) -> int:
     return SHORT_KEYS_16BIT if dtype in (torch.bfloat16, torch.float16) else SHORT_KEYS
 
 
+def matmul_attention_pays(q: torch.Tensor) -> bool:
+    """The engine's attention as `short_attention`'s matmuls rather than SDPA: on the CPU in 16-bit, where torch's
+    flash kernel is several times slower; in fp32 SDPA wins (docs/log/2026-11-avx512-cpu.md)."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def compute_dtype(query: torch.Tensor) -> torch.dtype:
     """The dtype attention's matmuls run in: under CPU autocast the autocast dtype, though the query
     arrives in fp32 (rotary embeddings multiply by fp32 tables, which autocast does not cast)."""

@@ -31,7 +31,7 @@ from ..monitor.dashboard import Dashboard, wants_dashboard
 from ..monitor.live import LiveState
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
-from ..orchestrator.admission import PromptSource
+from ..orchestrator.loop import PromptSource
 from ..rewards.service import RewardService
 from ..trainer.optim import relative_step_warning
 from .build import (

@@ -23,7 +23,7 @@ from aioareal.distributed.world import World, is_collective_failure, rank_error
 from aioareal.errors import ConfigError, UserError
 from aioareal.group import Example
 from aioareal.orchestrator import StepReport
-from aioareal.orchestrator.admission import PromptSource
+from aioareal.orchestrator.loop import PromptSource
 from aioareal.run.cell import LocalCell, cell_for, session
 from aioareal.run.rank_hooks import RankHooks, merge_rows, merge_samples
 from aioareal.run.recipe import train

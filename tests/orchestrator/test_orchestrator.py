@@ -16,7 +16,7 @@ from aioareal.group import Completion, Example, Group, Sample
 from aioareal.lab.simulate.lengths import gsm8k_like_length
 from aioareal.lab.simulate.virtualclock import run_virtual
 from aioareal.orchestrator import Orchestrator, Schedule
-from aioareal.orchestrator.admission import Admission, OldestFirstBuffer, PromptSource
+from aioareal.orchestrator.loop import Admission, OldestFirstBuffer, PromptSource
 
 
 class Recorder:

@@ -17,7 +17,7 @@ from ...config import AlgoConfig, Config, GenerationConfig, RolloutConfig, RunCo
 from ...devices import threads_restored, with_run_threads
 from ...group import Example, Group
 from ...orchestrator import EngineWorker, Orchestrator, Schedule, StepReport, TrainerWorker
-from ...orchestrator.admission import PromptSource
+from ...orchestrator.loop import PromptSource
 from ...run.build import Models, build_engine, build_trainer, build_workers, context_length
 from ...run.events import run_event_loop
 from ...trainer import Trainer

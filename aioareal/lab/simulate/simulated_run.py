@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ...checkpoint import RunState
 from ...group import Example, Group
 from ...orchestrator import Orchestrator, Schedule, StepReport
-from ...orchestrator.admission import PromptSource
+from ...orchestrator.loop import PromptSource
 from .contention import Device, Lockstep, Topology
 from .cost_profile import Profile
 from .costed_workers import ProfiledGenerator, ProfiledTrainer
