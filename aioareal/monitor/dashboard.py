@@ -1,7 +1,7 @@
 """The live terminal dashboard, and the plain one-line-per-step format used when there is no TTY
 (`plain_line`, at the end).
 
-Design: the dashboard only reads a `Snapshot` (monitor/live.py), which the event loop builds and
+Design: the dashboard only reads a `Snapshot` (monitor/metrics.py), which the event loop builds and
 swaps in whole. rich's `Live` refreshes from its own thread, calling `snapshot_fn` there to fetch
 the latest one; everything it draws is formatting of numbers the run already holds. `render` is a
 pure function of the snapshot (and the terminal width, read at render time): sparklines, bars and
@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import one_line
-from .live import Snapshot
+from .metrics import Snapshot
 
 TICKS = "▁▂▃▄▅▆▇█"
 EIGHTHS = "▏▎▍▌▋▊▉█"

@@ -25,7 +25,7 @@ def check_before_loading(config: Config) -> None:
                 "or keep reward.isolation=thread")
     episode = config.data.episode
     if episode is None:
-        return  # tools are only built for episodes (run/rollout.py)
+        return  # tools are only built for episodes (run/cell.py `rollout_kind`)
     if ":" in episode:  # a built-in episode's name has none; load_episode reports a wrong one
         check_spec(episode, "episode")
     check_tool_names(config.tools.names)

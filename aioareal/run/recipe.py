@@ -28,7 +28,7 @@ from ..generation.backends import Backend
 from ..models.load_policy import eos_token_ids, load_tokenizer
 from ..models.lora import describe
 from ..monitor.dashboard import Dashboard, wants_dashboard
-from ..monitor.live import LiveState
+from ..monitor.metrics import LiveState
 from ..monitor.trackers import TrackerFeed, check_installed
 from ..orchestrator import Orchestrator, Schedule, StepReport, TrainerWorker
 from ..orchestrator.loop import PromptSource
@@ -46,9 +46,8 @@ from .build import (
     engine_context,
     model_path,
 )
-from .cell import Cell, current_cell
+from .cell import Cell, EvalInputs, Rollout, current_cell, rollout_kind
 from .events import LoopLag, RunHooks, quiet, run_event_loop, step_printer, stop_signals
-from .rollout import EvalInputs, Rollout, rollout_kind
 
 
 @dataclass

@@ -14,7 +14,7 @@ from rich.console import Console
 from aioareal.cli import main
 from aioareal.errors import UserError, guarded, one_line, terminal_safe
 from aioareal.monitor.dashboard import render
-from aioareal.monitor.live import Snapshot
+from aioareal.monitor.metrics import Snapshot
 
 HOSTILE = ["\x1b[2J", "\x1b]0;owned\x07", "[bold red]x[/]", "\r", "\x9b31m", "\u202eevil", "\x00\x08\x7f"]
 RAW = ("\x1b", "\r", "\x07", "\x9b", "\u202e", "\x00", "\x08", "\x7f")

@@ -11,7 +11,7 @@ import pytest
 
 from aioareal.config import load_config
 from aioareal.monitor.dashboard import render
-from aioareal.monitor.live import LiveState
+from aioareal.monitor.metrics import LiveState
 from aioareal.run.recipe import train
 
 EPISODE = '''

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from aioareal.monitor.dashboard import TICKS, Dashboard, plain_line, render, sparkline, wants_dashboard
-from aioareal.monitor.live import Snapshot
+from aioareal.monitor.metrics import Snapshot
 
 
 def make_snapshot(**overrides) -> Snapshot:
@@ -177,7 +177,7 @@ def test_the_eval_sparkline_is_drawn_on_the_pass_rates_own_scale():
     from rich.console import Console
 
     from aioareal.monitor.dashboard import TICKS, render
-    from aioareal.monitor.live import LiveState
+    from aioareal.monitor.metrics import LiveState
 
     live = LiveState("run", "sync", 0, "ppo", [torch.device("cpu")], 10)
     for step, rate in enumerate([0.34, 0.38, 0.43]):

@@ -11,7 +11,7 @@ from rich.console import Console
 from aioareal import timing
 from aioareal.config import load_config
 from aioareal.monitor.dashboard import render
-from aioareal.monitor.live import LiveState
+from aioareal.monitor.metrics import LiveState
 from aioareal.run.recipe import train
 from aioareal.timing import PhaseTimer
 

@@ -16,8 +16,7 @@ from rich.text import Text
 from aioareal.cli import main
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.monitor.dashboard import render
-from aioareal.monitor.live import LiveState
-from aioareal.monitor.metrics import PROMPT_TEXT_CHARS, clip_text, sample_rows
+from aioareal.monitor.metrics import PROMPT_TEXT_CHARS, LiveState, clip_text, sample_rows
 from aioareal.rewards.service import RewardService
 from aioareal.use.samples import select
 
