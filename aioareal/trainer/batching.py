@@ -1,9 +1,6 @@
-"""Pack samples into micro-batches by a token budget (which rows go together: planning.py), each
+"""Pack samples into micro-batches by a token budget (which rows go together: `plan_for`), each
 with the layout its log-probs are computed in: the prefix tree, shared prompts, one varlen row, or
 the padded rows alone (whose padding is reported as `padding_frac`).
-
-Samples of zero advantage carry no gradient: with train.skip_zero_advantage `set_aside` keeps them
-out of the computed micro-batches, while they still count in the loss's normalisers.
 
 **Varlen** (`VarlenRows`): a micro-batch's sequences concatenated into one row, for variable-length
 attention.
@@ -31,6 +28,11 @@ Layout, for row i with prompt p_i (length P_i) and completion c_i (length n_i):
   targets (b, C + 1): c_i, predicted by p_i's last position and then by each input in turn;
     `target_mask` keeps the model's tokens only (an episode's observation tokens are inputs, with
     `input_mask` set, but predict nothing: no loss term).
+
+**Planning**: which samples share a micro-batch, the cuts of a batch under the token budget. Padded
+rows are cut by length (`plan`): rows of similar length pad little. Where prompts are shared a
+micro-batch computes each distinct prompt once, so `plan_shared` keeps a group's rows together where
+that computes less.
 """
 from __future__ import annotations
 
@@ -43,10 +45,153 @@ from ..errors import UserError
 from ..group import Sample
 from ..models.attention import ATTENTION, varlen_kernel_available
 from ..models.lora import decoder
-from .planning import PADDED, Layouts, plan_for, taken_layout
-from .prefix_tree import PrefixTree, build_tree, tree_to
+from .prefix_tree import Plan, PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
 
 
+# -- planning: which rows go together, in which layout ------------------------------------------------
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts a trainer's micro-batches may take, chosen once (trainer.py `_choose_layouts`):
+    shared prompts, one varlen row where prompts are not shared, and the prefix tree (never, "auto":
+    where it computes fewer positions, always). `collate` gives each micro-batch at most one."""
+
+    share: bool = False
+    varlen: bool = False
+    tree: TreeSetting = False
+
+
+PADDED = Layouts()  # padded rows alone
+
+
+def plan(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of each micro-batch: sorted by length, rows x max_len <= budget (or one row alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def plan_shared(samples: list[Sample], budget: int, tree: TreeSetting = False) -> list[list[int]]:
+    """Indices of each micro-batch for the shared-prompt layout, whose cost is the distinct prompts
+    x the longest prompt + the rows x the longest completion: a group's rows should sit together,
+    but unlike completion lengths pad to the longest. Two orders (by completion within each prompt,
+    by length alone) are each cut where positions plus fixed costs add up least; with the prefix
+    tree, which shares more the more rows it sees, each order filled to the budget is a candidate
+    too. The cheapest plan wins. Rows that fit the budget together stay one micro-batch (the search
+    costs host time a small step cannot spare)."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    rows_of = [sorted(rows, key=lambda i: len(samples[i].tokens)) for rows in by_prompt.values()]
+    rows_of.sort(key=lambda rows: len(samples[rows[0]].prompt_ids) + len(samples[rows[-1]].tokens))
+    together = [i for rows in rows_of for i in rows]
+    if _shared_positions(samples, together) <= budget:
+        return [together]  # all in one: nothing to save by cutting that is worth a second pass's overheads
+    by_length = sorted(range(len(samples)), key=lambda i: (len(samples[i].tokens), len(samples[i].prompt_ids)))
+    prompt_of = [0] * len(samples)  # each row's prompt as a small int: the search compares them often
+    for k, rows in enumerate(rows_of):
+        for i in rows:
+            prompt_of[i] = k
+    lengths = _Lengths(prompt_of, [len(s.prompt_ids) for s in samples], [len(s.tokens) for s in samples])
+    candidates = [_cheapest_cuts(lengths, order, budget) for order in (together, by_length)]
+    if tree:
+        candidates += [_fullest_cuts(samples, order, budget) for order in (together, by_length)]
+    return min(candidates, key=lambda batches: _plan_cost(samples, batches, tree))
+
+# A micro-batch's fixed cost (launches, per-op overheads) in token positions: it keeps `plan_shared`
+# from cutting many small micro-batches for a few positions less.
+MICRO_BATCH_POSITIONS = 64
+
+
+def _shared_positions(samples: list[Sample], rows: list[int]) -> int:
+    return layout_positions([samples[i] for i in rows], True, False)
+
+
+@dataclass
+class _Lengths:
+    """Per row: its prompt (a small int), the prompt's length, the completion's length."""
+
+    prompt: list[int]
+    prompt_len: list[int]
+    completion_len: list[int]
+
+
+def _cheapest_cuts(rows: _Lengths, order: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches of consecutive rows of `order` within the budget whose positions plus fixed costs
+    add up least: dynamic programming over where to cut."""
+    n = len(order)
+    best = [0] + [-1] * n  # best[j]: the least cost of order[:j]
+    cut = [0] * (n + 1)  # where order[:j]'s last micro-batch starts
+    for j in range(1, n + 1):
+        prompts: set[int] = set()
+        longest_prompt = longest_completion = 0
+        for i in range(j - 1, -1, -1):  # the last micro-batch is order[i:j]
+            r = order[i]
+            prompts.add(rows.prompt[r])
+            longest_prompt = max(longest_prompt, rows.prompt_len[r])
+            longest_completion = max(longest_completion, rows.completion_len[r])
+            positions = len(prompts) * longest_prompt + (j - i) * longest_completion
+            if positions > budget and i < j - 1:
+                break  # it only grows with more rows
+            total = best[i] + positions + MICRO_BATCH_POSITIONS
+            if best[j] < 0 or total < best[j]:
+                best[j], cut[j] = total, i
+    batches: list[list[int]] = []
+    j = n
+    while j > 0:
+        batches.append(order[cut[j]:j])
+        j = cut[j]
+    return batches[::-1]
+
+
+def _fullest_cuts(samples: list[Sample], order: list[int], budget: int) -> list[list[int]]:
+    """Micro-batches of consecutive rows of `order`, each filled as far as the budget allows."""
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and _shared_positions(samples, batches[-1] + [i]) <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _plan_cost(samples: list[Sample], batches: list[list[int]], tree: TreeSetting) -> int:
+    """The positions these micro-batches compute in the layouts `collate` takes, plus their fixed costs."""
+    layouts = Layouts(share=True, tree=tree)
+    return sum(taken_layout([samples[i] for i in rows], layouts)[1] + MICRO_BATCH_POSITIONS for rows in batches)
+
+
+def plan_for(samples: list[Sample], budget: int, layouts: Layouts = PADDED) -> list[list[int]]:
+    """The micro-batches' indices for these layouts: shared prompts kept together, or by length."""
+    if layouts.share:
+        return plan_shared(samples, budget, layouts.tree)
+    return plan([len(s.prompt_ids) + len(s.tokens) for s in samples], budget)
+
+
+def taken_layout(samples: list[Sample], layouts: Layouts) -> tuple[Plan | None, int]:
+    """The prefix tree's planned rows where `collate` takes it (else None), and the taken layout's positions."""
+    other = layout_positions(samples, layouts.share, layouts.varlen)
+    taken = worthwhile_plan(samples, other, always=layouts.tree is True) if layouts.tree else None
+    return (taken[0], taken[1]) if taken else (None, other)
+
+
+def layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
+    """Positions of the layout the trainer takes when not the prefix tree (batching.py `computed_positions`)."""
+    if share:
+        prompts = {tuple(s.prompt_ids) for s in samples}
+        return len(prompts) * max(map(len, prompts)) + len(samples) * max(len(s.tokens) for s in samples)
+    lengths = [len(s.prompt_ids) + len(s.tokens) for s in samples]
+    return sum(lengths) if varlen else len(samples) * max(lengths)
+
+
+# -- the micro-batch and its layouts -----------------------------------------------------------------
 @dataclass
 class MicroBatch:
     """Right-padded tensors for one forward/backward. Token-level tensors are (rows, L-1), aligned
@@ -169,39 +314,6 @@ def _model_logprobs(sample: Sample, model: list[bool] | None) -> list[float]:
 def pack(samples: list[Sample], budget: int, pad_id: int, device: torch.device,
          layouts: Layouts = PADDED) -> list[MicroBatch]:
     return [collate([samples[i] for i in idx], pad_id, device, layouts) for idx in plan_for(samples, budget, layouts)]
-
-
-# -- zero_advantage ----------------------------------------------------------------------------------
-# A sample of advantage exactly zero adds exactly zero to every objective's gradient (unless a KL
-# penalty pulls it), and GRPO gives many (every group whose rewards are all equal). They are set aside
-# and only counted in the loss's normalisers, so the update is the whole mini-batch's. One sample of
-# each mini-batch is always computed, so every parameter gets a (zero) gradient: AdamW moves on its
-# moments even at a zero gradient, and skips a parameter that has none.
-
-@dataclass
-class SetAside:
-    """What a mini-batch left out: counted in its loss's normalisers, computed nowhere."""
-
-    rows: int = 0
-    completion_tokens: int = 0  # tokens a loss term would have covered (an episode's model tokens)
-
-
-def set_aside(samples: list[Sample], enabled: bool) -> tuple[list[Sample], SetAside]:
-    """The samples to compute, and the counts of those left out; keeps one (the shortest) at least."""
-    if not enabled:
-        return samples, SetAside()
-    keep = [s for s in samples if s.advantage != 0.0]
-    if not keep:
-        keep = [min(samples, key=lambda s: len(s.prompt_ids) + len(s.tokens))]
-    kept = {id(s) for s in keep}
-    left = [s for s in samples if id(s) not in kept]
-    return keep, SetAside(len(left), sum(loss_tokens(s) for s in left))
-
-
-def loss_tokens(sample: Sample) -> int:
-    """The sample's tokens a loss term covers: its model's tokens (not an episode's observations)."""
-    mask = sample.completion.model_mask()
-    return len(sample.tokens) if mask is None else sum(mask)
 
 
 @dataclass

@@ -6,6 +6,9 @@ fine-tuning's loss is here too (`completion_loss`).
 The step's statistics: per-token figures summed on the device over every micro-batch and update,
 read back once per step (the step's one host sync) and turned into the metrics row's figures. Keys
 ending in `_max` combine by max (over micro-batches, updates and ranks), all others by sum.
+
+Samples of zero advantage carry no gradient: with train.skip_zero_advantage `set_aside` keeps them
+out of the computed micro-batches, while they still count in the loss's normalisers (`Totals`).
 """
 from __future__ import annotations
 
@@ -18,8 +21,41 @@ import torch
 from .. import losses
 from ..config import AlgoConfig
 from ..distributed.world import Collective
+from ..group import Sample
 from .batching import MicroBatch
 from .logprobs import token_logprobs
+
+# -- zero_advantage ----------------------------------------------------------------------------------
+# A sample of advantage exactly zero adds exactly zero to every objective's gradient (unless a KL
+# penalty pulls it), and GRPO gives many (every group whose rewards are all equal). They are set aside
+# and only counted in the loss's normalisers, so the update is the whole mini-batch's. One sample of
+# each mini-batch is always computed, so every parameter gets a (zero) gradient: AdamW moves on its
+# moments even at a zero gradient, and skips a parameter that has none.
+
+@dataclass
+class SetAside:
+    """What a mini-batch left out: counted in its loss's normalisers, computed nowhere."""
+
+    rows: int = 0
+    completion_tokens: int = 0  # tokens a loss term would have covered (an episode's model tokens)
+
+
+def set_aside(samples: list[Sample], enabled: bool) -> tuple[list[Sample], SetAside]:
+    """The samples to compute, and the counts of those left out; keeps one (the shortest) at least."""
+    if not enabled:
+        return samples, SetAside()
+    keep = [s for s in samples if s.advantage != 0.0]
+    if not keep:
+        keep = [min(samples, key=lambda s: len(s.prompt_ids) + len(s.tokens))]
+    kept = {id(s) for s in keep}
+    left = [s for s in samples if id(s) not in kept]
+    return keep, SetAside(len(left), sum(loss_tokens(s) for s in left))
+
+
+def loss_tokens(sample: Sample) -> int:
+    """The sample's tokens a loss term covers: its model's tokens (not an episode's observations)."""
+    mask = sample.completion.model_mask()
+    return len(sample.tokens) if mask is None else sum(mask)
 
 
 @dataclass

@@ -19,10 +19,10 @@ from ..errors import UserError
 from ..generation.family_forward import sliding_windows
 from ..group import Group
 from ..timing import PhaseTimer
-from .batching import Layouts, MicroBatch, pack, set_aside, use_varlen
+from .batching import Layouts, MicroBatch, pack, use_varlen
 from .logprobs import TokenLogprobs, token_logprobs
 from .masters import layers_compiled, working_copy
-from .objective import StepSums, Totals, micro_loss, read_back, step_figures
+from .objective import StepSums, Totals, micro_loss, read_back, set_aside, step_figures
 from .optim import build_optimizer, freeze_embeddings
 from .prefix_tree import use_tree
 
@@ -92,7 +92,7 @@ class Trainer:
         self.consecutive_skips = 0
 
     def _choose_layouts(self, model: PreTrainedModel, train: TrainConfig, collective: Collective) -> None:
-        """`self.layouts`: which layouts the micro-batches' log-probs may use (planning.py `Layouts`),
+        """`self.layouts`: which layouts the micro-batches' log-probs may use (batching.py `Layouts`),
         chosen once; `collate` gives each micro-batch at most one of them (its `layout`)."""
         # Shared prompts are off under torchrun (FSDP2 would gather every layer twice per forward),
         # with gradient checkpointing (it drops the prompts' KV cache) and with compiled layers (a

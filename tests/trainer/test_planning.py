@@ -1,4 +1,4 @@
-"""Micro-batches for the shared-prompt layout (trainer/planning.py `plan_shared`): a group's rows
+"""Micro-batches for the shared-prompt layout (trainer/batching.py `plan_shared`): a group's rows
 kept together, every sample once, each micro-batch within the budget, never dearer than `plan`."""
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aioareal.group import Completion, Sample
-from aioareal.trainer.batching import Layouts, computed_positions, pack
-from aioareal.trainer.planning import (
+from aioareal.trainer.batching import (
     MICRO_BATCH_POSITIONS,
+    Layouts,
     _fullest_cuts,
     _plan_cost,
+    computed_positions,
     layout_positions,
+    pack,
     plan,
     plan_shared,
 )

@@ -12,10 +12,9 @@ from aioareal.config import load_config
 from aioareal.group import Completion, Example, Group, Sample
 from aioareal.models import random_model
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.batching import Layouts, PromptShare, collate, pack
+from aioareal.trainer.batching import Layouts, PromptShare, collate, pack, plan
 from aioareal.trainer.logprobs import token_logprobs
 from aioareal.trainer.objective import loglinear_prox
-from aioareal.trainer.planning import plan
 from aioareal.trainer.trainer import assign_advantages
 
 

@@ -11,8 +11,8 @@ from aioareal.config import load_config
 from aioareal.group import Completion, Example, Group, Sample, Turn
 from aioareal.models import random_model
 from aioareal.trainer import Trainer, train_step
-from aioareal.trainer.batching import collate, set_aside
-from aioareal.trainer.objective import StepSums
+from aioareal.trainer.batching import collate
+from aioareal.trainer.objective import StepSums, set_aside
 from aioareal.trainer.trainer import assign_advantages
 
 

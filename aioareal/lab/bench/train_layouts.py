@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from ...group import Completion, Sample
-from ...trainer.batching import MicroBatch, collate
+from ...trainer.batching import Layouts, MicroBatch, collate, plan_for
 from ...trainer.logprobs import token_logprobs
-from ...trainer.planning import Layouts, plan_for
 from ..simulate.lengths import gsm8k_like_length
 from .harness import alternate, build_model, environment, median_seconds, model_label, pick_device, ratio
 
