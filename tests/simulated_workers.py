@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aioareal.generation.sequence import GroupTally
+from aioareal.generation.scheduler import GroupTally
 from aioareal.group import Completion, Group
 from aioareal.lab.simulate.costed_workers import QueuedSequences
 

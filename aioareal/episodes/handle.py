@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
-from ..generation.sequence import StopStrings, TurnRequest
+from ..generation.scheduler import StopStrings, TurnRequest
 from ..group import MODEL, OBS_LOGPROB, OBS_VERSION, Completion, Group, ToolCall, Turn
 from ..models.prompt_encoding import PromptEncoder
 from ..models.template_sandbox import apply_template

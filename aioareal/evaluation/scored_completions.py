@@ -43,7 +43,7 @@ from ..errors import one_line
 from ..generation import EngineOptions, SamplingParams
 from ..generation.backends import make_engine
 from ..generation.forward import kv_bytes_per_token
-from ..generation.sequence import StopStrings
+from ..generation.scheduler import StopStrings
 from ..grading.final_answer import extract_answer, normalize_number
 from ..group import Completion, Example, Group
 from ..loops import run_coroutine

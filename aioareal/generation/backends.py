@@ -25,8 +25,7 @@ from ..timing import PhaseTimer
 from .engine import Engine, EngineOptions
 from .forward import unsupported_reason
 from .sampling import sample
-from .scheduler import QueueFront, Scheduler
-from .sequence import Running, StepOutput, TurnRequest
+from .scheduler import QueueFront, Running, Scheduler, StepOutput, TurnRequest
 
 BACKENDS = ("auto", "engine", "hf")
 CHECK_TOKENS, CHECK_SAMPLES = 8, 2  # the start-up check: 2 samples of 8 tokens each

@@ -1,9 +1,9 @@
 """Continuous-batching generation engine over a fixed pool of KV-cache slots.
 
-Each `step()` admits waiting groups and episodes' turns (sequence.py) into free slots (one prefill per
+Each `step()` admits waiting groups and episodes' turns (scheduler.py) into free slots (one prefill per
 prompt, its K/V written into all G slots of the group), decodes one token in every live slot, and
 reads the tokens on the host, which records them and frees finished slots. Liveness stays on the
-device, which ends a slot at EOS or its length limit (sequence.py); the host ends it at a stop string.
+device, which ends a slot at EOS or its length limit (scheduler.py); the host ends it at a stop string.
 With `overlap` (on by default on CUDA) step t+1 is launched before the host reads step t's tokens.
 
 A published version is `adopt`ed between steps: the stream waits on the copy's event, and by default
@@ -12,7 +12,7 @@ Each token carries the version of the weights that sampled it.
 
 Host syncs, all of them: one per step for its tokens (with overlap, the previous step's copy event);
 with overlap, one more when a version is adopted with `recompute_kv`; one per new CUDA graph
-(`DecodeGraphs`, below). Everything else goes up by pinned non-blocking copies (sequence.py upload).
+(`DecodeGraphs`, below). Everything else goes up by pinned non-blocking copies (scheduler.py upload).
 
 `DecodeGraphs`: CUDA graphs for decode steps, captured lazily per (batch bucket, attention span).
 
@@ -44,8 +44,19 @@ from .sampling import (  # noqa: F401
     resolve_overlap,
     sampler_for,
 )
-from .scheduler import QueueFront, Scheduler, same_size_runs
-from .sequence import Running, SlotLimits, StepOutput, StopStrings, TurnRequest, to_host, upload, upload_padded
+from .scheduler import (
+    QueueFront,
+    Running,
+    Scheduler,
+    SlotLimits,
+    StepOutput,
+    StopStrings,
+    TurnRequest,
+    same_size_runs,
+    to_host,
+    upload,
+    upload_padded,
+)
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ class Engine(QueueFront):
 
     def _launch_copy(self, first: torch.Tensor | None, decoded: torch.Tensor | None,
                      admitted: list[Running], running: list[Running]) -> StepOutput | None:
-        """The step's tokens and logprobs on their way to the host (sequence.py StepOutput)."""
+        """The step's tokens and logprobs on their way to the host (scheduler.py StepOutput)."""
         parts = [t for t in (first, decoded) if t is not None]
         if not parts:
             return None

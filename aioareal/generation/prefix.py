@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sequence import Running, upload
+from .scheduler import Running, upload
 
 
 @dataclass

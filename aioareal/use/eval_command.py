@@ -42,7 +42,7 @@ from ..evaluation.scored_completions import (
     score,
 )
 from ..generation import SamplingParams
-from ..generation.sequence import StopStrings
+from ..generation.scheduler import StopStrings
 from ..io import append_jsonl, atomic_write_text
 from ..models.load_policy import eos_token_ids, load_model, load_tokenizer, resolve_dtype
 from ..models.prompt_encoding import PromptEncoder

@@ -19,7 +19,7 @@ from aioareal.cli import main
 from aioareal.evaluation import lm_eval
 from aioareal.evaluation.scored_completions import common_prefix
 from aioareal.generation import Engine, EngineOptions, SamplingParams
-from aioareal.generation.sequence import StopStrings
+from aioareal.generation.scheduler import StopStrings
 from aioareal.group import Group
 from aioareal.models import random_model
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.forward import FastForward, fuse, shares_storage
-from aioareal.generation.sequence import upload_padded
+from aioareal.generation.scheduler import upload_padded
 from aioareal.group import Group
 from aioareal.weightsync.full import WeightSync
 

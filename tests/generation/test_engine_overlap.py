@@ -55,7 +55,7 @@ def test_overlap_admits_into_freed_slots_one_step_later():
 
 
 def test_device_liveness_equals_host_running_set():
-    """The device clears `live` by the host's rule (generation/sequence.py `SlotLimits`): after every
+    """The device clears `live` by the host's rule (generation/scheduler.py `SlotLimits`): after every
     plain step (all read) the live slots are exactly the running ones; with overlap, the host's running set is a
     superset (it may hold slots that finished in the step in flight)."""
     def check(exact):

@@ -1,4 +1,4 @@
-"""The engine serves episodes' turns (generation/sequence.py): a sequence pauses at a stop string,
+"""The engine serves episodes' turns (generation/scheduler.py): a sequence pauses at a stop string,
 frees its slot, and resumes with the world's observation prefilled; its model tokens carry the
 log-probs of a plain forward over the whole history and the version that sampled them."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from engine_helpers import WANDER_EOS, reference_logprobs, wandering_engine, wandering_model
 
 from aioareal.generation import Engine, SamplingParams
-from aioareal.generation.sequence import StopStrings, TurnRequest
+from aioareal.generation.scheduler import StopStrings, TurnRequest
 from aioareal.group import MODEL, OBS_LOGPROB, OBS_VERSION, Group, Turn
 
 STOP_EVERY = 5  # the fake decode below writes "]" for every token id divisible by 5

@@ -125,9 +125,9 @@ def test_fused_engine_in_graphs_decodes_with_synced_weights():
 
 
 def test_uploads_do_not_wait_for_the_stream():
-    """The engine's metadata copies (generation/sequence.py) are pinned and non-blocking: launched
+    """The engine's metadata copies (generation/scheduler.py) are pinned and non-blocking: launched
     behind a long kernel, they return while it still runs, and land in order after it."""
-    from aioareal.generation.sequence import upload, upload_padded
+    from aioareal.generation.scheduler import upload, upload_padded
 
     stream = torch.cuda.Stream(CUDA)
     with torch.cuda.stream(stream):

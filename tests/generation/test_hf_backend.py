@@ -31,7 +31,7 @@ from aioareal.errors import UserError
 from aioareal.generation import Engine, EngineOptions, SamplingParams
 from aioareal.generation.backends import HFEngine, choose, make_engine
 from aioareal.generation.forward import unsupported_reason
-from aioareal.generation.sequence import TurnRequest
+from aioareal.generation.scheduler import TurnRequest
 from aioareal.run.recipe import train
 
 EOS = [3, 5, 52]

@@ -13,7 +13,7 @@ from engine_helpers import (
 )
 
 from aioareal.generation.prefix import layout_of, shared_prefix_attention
-from aioareal.generation.sequence import Running
+from aioareal.generation.scheduler import Running
 from aioareal.group import Completion, Group
 
 

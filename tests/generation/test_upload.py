@@ -1,8 +1,8 @@
-"""The engine's host->device uploads (generation/sequence.py): the same tensors `torch.tensor` builds.
+"""The engine's host->device uploads (generation/scheduler.py): the same tensors `torch.tensor` builds.
 On the CPU they are plain tensors; tests/generation/test_gpu.py checks the pinned, non-blocking CUDA path."""
 import torch
 
-from aioareal.generation.sequence import upload, upload_padded
+from aioareal.generation.scheduler import upload, upload_padded
 
 CPU = torch.device("cpu")
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 from ...generation.sampling import SHORT_SPAN, live_decode_pays
-from ...generation.sequence import GroupTally
+from ...generation.scheduler import GroupTally
 from ...group import Group
 from .contention import Device, Lockstep, sleep_unless
 from .cost_profile import Profile
