@@ -85,7 +85,7 @@ class TrainConfig:
         "docs/log/2026-11-memory.md)", "float32")
     lean_activations: bool = doc(
         "RMSNorms and SwiGLU MLPs keep less for the backward (about 30% of the activations; the same forward); a "
-        "module whose own forward differs keeps it (trainer/lean_layers.py)", True)
+        "module whose own forward differs keeps it (models/ops.py)", True)
     skip_zero_advantage: bool = doc(
         "leave samples whose advantage is exactly 0 out of the forward and backward: their gradient is zero, and "
         "they still count in the loss's normalisers, so the update is the same (entropy and the behaviour "

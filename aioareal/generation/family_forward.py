@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from ..models.attention import matmul_attention_pays, short_attention
+from ..models.ops import matmul_attention_pays, short_attention
 from .forward import (
     _HAS_GQA,
     FastForward,

@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from ..errors import UserError
-from ..models.attention import matmul_attention_pays, short_attention
+from ..models.ops import matmul_attention_pays, short_attention
 from .prefix import PrefixLayout, shared_prefix_attention
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

@@ -27,12 +27,12 @@ from transformers import (
 
 from ..errors import UserError
 from . import lora
-from .attention import ATTENTION
 from .gguf import cached_gguf, gguf_file
 from .local_names import check_hub, check_local, is_local_name
 from .lora import adapter_dir, base_name, copy_side_files
 from .lora import cached as cached_merge
 from .named import named_gguf
+from .ops import ATTENTION
 from .shapes import RANDOM_PREFIX, SHAPES, build_char_tokenizer, shape_config, vocab_size_padded
 
 try:  # progress bars from weight loading would garble the dashboard and the logs
@@ -158,7 +158,7 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, trust_remote
 
 
 def attention_for(config: Any) -> str:
-    """The project's attention (models/attention.py) for model classes built on transformers'
+    """The project's attention (models/ops.py) for model classes built on transformers'
     attention interface; the others (Falcon, MPT, Bloom) load with SDPA or eager attention."""
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if model_class is None or getattr(model_class, "_supports_attention_backend", True):

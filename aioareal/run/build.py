@@ -23,13 +23,13 @@ from ..generation.backends import Backend, checked, choose, fallback_line, make_
 from ..group import Example
 from ..models.load_policy import checkpoint_activations, load_model, resolve_dtype
 from ..models.lora import AdaptersOff, is_lora, wrap
+from ..models.ops import make_lean
 from ..orchestrator import EngineWorker, TrainerWorker
 from ..orchestrator.workers import thread_for
 from ..rewards import RewardedTask, build_scorer, build_task
 from ..rewards.service import RewardService
 from ..tasks import PromptRenderer, Task
 from ..trainer import Trainer
-from ..trainer.lean_layers import make_lean
 from ..trainer.logprobs import TokenLogprobs
 from ..trainer.masters import compile_layers
 from ..weightsync.full import LoraSync, WeightSync

@@ -7,7 +7,7 @@ attention.
 
 The real tokens go through the model as one row (1, T), positions restarting at 0 per sequence,
 with `cu_seqlens` passed to the attention as transformers' `cu_seq_lens_q/k` and `max_length_q/k`;
-models/attention.py attends within each sequence (a varlen flash kernel on CUDA, a block-diagonal
+models/ops.py attends within each sequence (a varlen flash kernel on CUDA, a block-diagonal
 mask elsewhere), so no FLOPs go to padding. Built on the host: `target_index` picks the position
 predicting each completion token, in `loss_mask`'s order, so the loss is unchanged.
 
@@ -43,8 +43,8 @@ from transformers import PreTrainedModel
 
 from ..errors import UserError
 from ..group import Sample
-from ..models.attention import ATTENTION, varlen_kernel_available
 from ..models.lora import decoder
+from ..models.ops import ATTENTION, varlen_kernel_available
 from .prefix_tree import Plan, PrefixTree, TreeSetting, build_tree, tree_to, worthwhile_plan
 
 

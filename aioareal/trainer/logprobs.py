@@ -113,7 +113,7 @@ def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_ma
                         ent_pairs.index_select(0, layout.pair_index))
     if isinstance(layout, VarlenRows):
         # A mask mapping, not a mask: transformers then builds no (T, T) mask for the row, which
-        # the attention would ignore (models/attention.py reads the sequence bounds instead).
+        # the attention would ignore (models/ops.py reads the sequence bounds instead).
         none = {"full_attention": None, "sliding_attention": None}
         hidden = decoder(model)(input_ids=layout.input_ids, attention_mask=none, use_cache=False,
                                  **layout.kwargs()).last_hidden_state

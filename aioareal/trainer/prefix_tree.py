@@ -30,10 +30,10 @@ import torch
 
 from ..errors import UserError
 from ..group import Sample
-from ..models.attention import ATTENTION
 from ..models.lora import decoder
+from ..models.ops import ATTENTION
 
-# Nodes per row: at most the CPU's short-attention key length (models/attention.py), so every row
+# Nodes per row: at most the CPU's short-attention key length (models/ops.py), so every row
 # attends by two small matmuls. A longer single sequence gets a row of its own length.
 ROW_LEN = 64
 # Use the tree where it computes at most this fraction of the other layout's positions: below

@@ -170,9 +170,9 @@ def test_engine_refuses_an_unsupported_model_in_one_line():
 
 @pytest.mark.parametrize("family", ["gemma2", "mistral-window"])
 def test_the_trainers_attention_computes_soft_caps_and_windows(family):
-    """The project's attention (models/attention.py), which the trainer's forward runs, equals eager
+    """The project's attention (models/ops.py), which the trainer's forward runs, equals eager
     attention on Gemma 2's soft-capped scores and on sliding windows (padded batch included)."""
-    from aioareal.models.attention import ATTENTION
+    from aioareal.models.ops import ATTENTION
 
     model = family_model(family)
     ids = torch.arange(4, 20).repeat(2, 1)
@@ -208,7 +208,7 @@ def test_the_trainers_logprobs_equal_the_models_own_forward(family):
     """The trainer's log-probs are the model's: a windowed model keeps the padded batch (the shared-prompt
     and tree layouts build masks without windows), and the head's output gets the family's logit
     transform (Gemma's soft cap, Granite's logits_scaling)."""
-    from aioareal.models.attention import ATTENTION
+    from aioareal.models.ops import ATTENTION
 
     model = family_model(family)
     model.config._attn_implementation = ATTENTION  # as models load for training

@@ -1,5 +1,5 @@
 """The engine's attention on the CPU in 16-bit: two batched matmuls and a softmax instead of SDPA
-(models/attention.py `matmul_attention_pays`), in prefill and decode, for the plain layer and the family
+(models/ops.py `matmul_attention_pays`), in prefill and decode, for the plain layer and the family
 layers (Gemma 2's soft cap and sliding window included). Held to the same fp32 forward as SDPA's
 path: the matmul path's log-prob error is within a bf16 bound and no larger than SDPA's own."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """train.varlen: a micro-batch's sequences in one row, attended per sequence (trainer/batching.py,
-models/attention.py packed_attention)."""
+models/ops.py packed_attention)."""
 from __future__ import annotations
 
 import copy
@@ -22,7 +22,7 @@ from layout_helpers import (
 from aioareal.errors import UserError
 from aioareal.group import Sample
 from aioareal.models import random_model
-from aioareal.models.attention import block_causal_mask, packed_attention
+from aioareal.models.ops import block_causal_mask, packed_attention
 from aioareal.trainer.batching import Layouts, VarlenRows, build_varlen, collate, use_varlen
 
 

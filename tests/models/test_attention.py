@@ -1,4 +1,4 @@
-"""The trainer's attention (models/attention.py): the CPU matmul path for short sequences equals
+"""The trainer's attention (models/ops.py): the CPU matmul path for short sequences equals
 SDPA, values and gradients, and long sequences go to SDPA itself."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aioareal.models import attention, random_model
+from aioareal.models import ops, random_model
 from aioareal.trainer.logprobs import token_logprobs
 
 
@@ -36,7 +36,7 @@ def test_property_short_attention_equals_sdpa_with_its_gradients(b, kv_heads, gr
         causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(past)
         mask = (causal[None] & (torch.arange(k_len)[None, :] < lengths[:, None])[:, None, :])[:, None]
         mask[..., 0] = True  # every query sees at least the first key (SDPA gives NaN otherwise)
-    ours = attention.short_attention(q, k, v, mask, None)
+    ours = ops.short_attention(q, k, v, mask, None)
     theirs = _reference(q, k, v, mask)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
     weights = torch.randn_like(ours)
@@ -49,25 +49,25 @@ def test_property_short_attention_equals_sdpa_with_its_gradients(b, kv_heads, gr
 def test_without_a_mask_one_query_sees_every_key():  # a decode step, as transformers' SDPA path reads it
     q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     theirs = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
-    torch.testing.assert_close(attention.short_attention(q, k, v, None, None), theirs.transpose(1, 2))
+    torch.testing.assert_close(ops.short_attention(q, k, v, None, None), theirs.transpose(1, 2))
 
 
 def test_a_query_with_no_key_to_attend_stays_finite():
     q, k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
     mask = torch.zeros(1, 1, 3, 3, dtype=torch.bool)
-    assert torch.isfinite(attention.short_attention(q, k, v, mask, None)).all()
+    assert torch.isfinite(ops.short_attention(q, k, v, mask, None)).all()
 
 
 def test_long_keys_and_other_devices_take_transformers_sdpa(monkeypatch):
     calls = []
-    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[2].shape) or (None, None))
+    monkeypatch.setattr(ops, "sdpa_attention_forward", lambda *a, **k: calls.append(a[2].shape) or (None, None))
     module = torch.nn.Module()
-    short = torch.randn(1, 2, attention.SHORT_KEYS, 4)
-    long = torch.randn(1, 2, attention.SHORT_KEYS + 1, 4)
-    out, _ = attention.attention_forward(module, short, short, short, None)
-    assert out.shape == (1, attention.SHORT_KEYS, 2, 4) and not calls
-    attention.attention_forward(module, long, long, long, None)
-    attention.attention_forward(module, short, short, short, None, dropout=0.1)
+    short = torch.randn(1, 2, ops.SHORT_KEYS, 4)
+    long = torch.randn(1, 2, ops.SHORT_KEYS + 1, 4)
+    out, _ = ops.attention_forward(module, short, short, short, None)
+    assert out.shape == (1, ops.SHORT_KEYS, 2, 4) and not calls
+    ops.attention_forward(module, long, long, long, None)
+    ops.attention_forward(module, short, short, short, None, dropout=0.1)
     assert calls == [long.shape, short.shape]
 
 
@@ -75,15 +75,15 @@ def test_under_cpu_autocast_fp32_queries_take_the_16bit_key_limit(monkeypatch):
     # The trainer's bf16 autocast hands attention fp32 queries (rotary embeddings multiply by fp32
     # tables); its matmuls run in bf16 all the same, so the bf16 limit applies, not fp32's.
     calls = []
-    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[2].shape) or (None, None))
+    monkeypatch.setattr(ops, "sdpa_attention_forward", lambda *a, **k: calls.append(a[2].shape) or (None, None))
     module = torch.nn.Module()
-    middle = torch.randn(1, 2, attention.SHORT_KEYS_16BIT, 4)
-    attention.attention_forward(module, middle, middle, middle, None)
+    middle = torch.randn(1, 2, ops.SHORT_KEYS_16BIT, 4)
+    ops.attention_forward(module, middle, middle, middle, None)
     assert calls == [middle.shape]  # fp32 without autocast: SDPA
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = attention.attention_forward(module, middle, middle, middle, None)
-        longer = torch.randn(1, 2, attention.SHORT_KEYS_16BIT + 1, 4)
-        attention.attention_forward(module, longer, longer, longer, None)
+        out, _ = ops.attention_forward(module, middle, middle, middle, None)
+        longer = torch.randn(1, 2, ops.SHORT_KEYS_16BIT + 1, 4)
+        ops.attention_forward(module, longer, longer, longer, None)
     assert out.dtype == torch.bfloat16 and calls == [middle.shape, longer.shape]
 
 
@@ -93,7 +93,7 @@ def test_models_load_with_it_and_log_probs_match_sdpa(shared):
     from aioareal.trainer.batching import Layouts, pack
 
     model = random_model("tiny", torch.float32, torch.device("cpu"), seed=3)
-    assert model.config._attn_implementation == attention.ATTENTION
+    assert model.config._attn_implementation == ops.ATTENTION
     samples = [Sample([4, 5, 6, 7][:p], Completion(list(range(20, 20 + n)), [0.0] * n, [0] * n), 1.0)
                for p, n in ((3, 5), (4, 2), (3, 6), (4, 1))]
     mb = pack(samples, budget=10_000, pad_id=0, device=torch.device("cpu"), layouts=Layouts(share=shared))[0]

@@ -1,4 +1,4 @@
-"""trainer/lean_layers.py: the lean RMSNorm and SwiGLU compute what the model's own modules do,
+"""models/ops.py: the lean RMSNorm and SwiGLU compute what the model's own modules do,
 keep less for the backward, and a module whose own forward differs keeps it."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from aioareal.models import random_model
-from aioareal.trainer.lean_layers import _RMSNorm, _SwiGLU, make_lean
+from aioareal.models.ops import _RMSNorm, _SwiGLU, make_lean
 
 CPU = torch.device("cpu")
 
