@@ -32,7 +32,7 @@ REJECT_LIMIT = 100
 GroupScorer = Callable[[Group], Awaitable[tuple[list[float], int]]]
 
 
-# -- admission, the buffer and the prompt source (rules 1 and 2) ------------------------------------
+# -- admission and the oldest-first buffer (rules 1 and 2) -------------------------------------------
 @dataclass
 class Admission:
     batch_groups: int  # B

@@ -25,7 +25,7 @@ from ..group import Sample
 from .batching import MicroBatch
 from .logprobs import token_logprobs
 
-# -- zero_advantage ----------------------------------------------------------------------------------
+# -- zero-advantage samples, set aside ------------------------------------------------------------------
 # A sample of advantage exactly zero adds exactly zero to every objective's gradient (unless a KL
 # penalty pulls it), and GRPO gives many (every group whose rewards are all equal). They are set aside
 # and only counted in the loss's normalisers, so the update is the whole mini-batch's. One sample of
