@@ -183,7 +183,7 @@ def taken_layout(samples: list[Sample], layouts: Layouts) -> tuple[Plan | None, 
 
 
 def layout_positions(samples: list[Sample], share: bool, varlen: bool) -> int:
-    """Positions of the layout the trainer takes when not the prefix tree (batching.py `computed_positions`)."""
+    """Positions of the layout the trainer takes when not the prefix tree (`computed_positions`, below)."""
     if share:
         prompts = {tuple(s.prompt_ids) for s in samples}
         return len(prompts) * max(map(len, prompts)) + len(samples) * max(len(s.tokens) for s in samples)
